@@ -1,0 +1,107 @@
+from django.contrib import admin
+
+from .models import AdaptationJob, Cluster, Device, Link, Membership, ModelSpec, Node, StageRun, Team
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 1
+    autocomplete_fields = ["user"]
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    list_display = ["name", "slug", "created"]
+    prepopulated_fields = {"slug": ["name"]}
+    search_fields = ["name", "slug"]
+    inlines = [MembershipInline]
+
+
+class NodeInline(admin.TabularInline):
+    model = Node
+    extra = 0
+    fields = ["hostname", "status", "last_heartbeat", "queue_name"]
+    readonly_fields = ["hostname", "last_heartbeat", "queue_name"]
+    show_change_link = True
+
+
+@admin.register(Cluster)
+class ClusterAdmin(admin.ModelAdmin):
+    list_display = ["name", "team", "interconnect", "expected_devices_per_node", "created"]
+    list_filter = ["team", "interconnect"]
+    search_fields = ["name", "description"]
+    list_select_related = ["team"]
+    inlines = [NodeInline]
+
+
+class DeviceInline(admin.TabularInline):
+    model = Device
+    extra = 0
+
+
+@admin.action(description="Drain: take no new work")
+def drain_nodes(modeladmin, request, queryset):
+    queryset.update(status="draining")
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ["hostname", "cluster", "status", "last_heartbeat", "queue_name"]
+    list_filter = ["status", "cluster__team", "cluster"]
+    search_fields = ["hostname", "queue_name"]
+    list_select_related = ["cluster"]
+    readonly_fields = ["registered", "last_heartbeat"]
+    actions = [drain_nodes]
+    inlines = [DeviceInline]
+
+
+@admin.register(Device)
+class DeviceAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "kind", "memory_bytes"]
+    list_filter = ["kind"]
+    search_fields = ["name", "node__hostname"]
+    list_select_related = ["node"]
+
+
+@admin.register(Link)
+class LinkAdmin(admin.ModelAdmin):
+    list_display = ["id", "cluster", "kind", "measured_bandwidth_gbps", "p2p_ok", "updated"]
+    list_filter = ["kind", "p2p_ok"]
+    list_select_related = ["cluster"]
+    raw_id_fields = ["source_device", "target_device", "source_node", "target_node"]
+
+
+@admin.register(ModelSpec)
+class ModelSpecAdmin(admin.ModelAdmin):
+    list_display = ["name", "team", "architecture", "created_by", "created"]
+    list_filter = ["team", "architecture"]
+    search_fields = ["name", "architecture"]
+    list_select_related = ["team", "created_by"]
+    readonly_fields = ["architecture"]
+
+
+class StageRunInline(admin.TabularInline):
+    model = StageRun
+    extra = 0
+    fields = ["kind", "node_name", "status", "progress", "started", "finished", "error"]
+    readonly_fields = fields
+    can_delete = False
+
+
+@admin.register(AdaptationJob)
+class AdaptationJobAdmin(admin.ModelAdmin):
+    list_display = ["id", "team", "cluster", "model", "status", "progress", "created", "finished"]
+    list_filter = ["status", "team"]
+    list_select_related = ["team", "cluster", "model"]
+    # Status fields change only through the job's transition methods and the control plane.
+    readonly_fields = ["status", "progress", "started", "finished", "error", "error_traceback", "log",
+                       "celery_task_id", "retry_of"]
+    inlines = [StageRunInline]
+
+
+@admin.register(StageRun)
+class StageRunAdmin(admin.ModelAdmin):
+    list_display = ["id", "job", "kind", "node_name", "status", "progress", "started", "finished"]
+    list_filter = ["status", "kind"]
+    readonly_fields = ["status", "progress", "started", "finished", "error", "error_traceback", "result",
+                       "celery_task_id"]

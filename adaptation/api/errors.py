@@ -1,0 +1,31 @@
+"""Every API error is JSON: field errors as ``{"field": ["message"]}``, others as ``{"detail": "..."}``."""
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import ProtectedError
+from rest_framework import status
+from rest_framework.exceptions import APIException, ValidationError
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from ..services import Conflict
+
+
+class ConflictError(APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "conflict"
+
+
+def as_drf_validation_error(error: DjangoValidationError) -> ValidationError:
+    if hasattr(error, "error_dict"):
+        detail = {("non_field_errors" if key == "__all__" else key): value for key, value in error.message_dict.items()}
+        return ValidationError(detail)
+    return ValidationError({"non_field_errors": error.messages})
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, DjangoValidationError):
+        exc = as_drf_validation_error(exc)
+    elif isinstance(exc, Conflict):
+        exc = ConflictError(str(exc))
+    elif isinstance(exc, ProtectedError):
+        exc = ConflictError(f"Still used by {len(exc.protected_objects)} job(s); it is kept as their history.")
+    return drf_exception_handler(exc, context)

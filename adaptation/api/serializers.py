@@ -1,0 +1,178 @@
+from django.core.exceptions import ValidationError as DjangoValidationError
+from rest_framework import serializers
+
+from .. import services
+from ..choices import StageKind
+from ..configs import check_config, default_name, read_config_upload
+from ..models import AdaptationJob, Cluster, Device, Link, ModelSpec, Node, StageRun, Team
+from .errors import as_drf_validation_error
+
+
+class TeamScopedRelatedField(serializers.PrimaryKeyRelatedField):
+    """A foreign key that only accepts rows of the requesting user's teams: others read as 'does not exist'."""
+
+    def get_queryset(self):
+        return self.queryset.model.objects.for_user(self.context["request"].user)
+
+
+class TeamField(serializers.SlugRelatedField):
+    def __init__(self, **kwargs):
+        super().__init__(slug_field="slug", queryset=Team.objects.all(), required=False, **kwargs)
+
+    def get_queryset(self):
+        return Team.objects.for_user(self.context["request"].user)
+
+
+class ValidatedModelSerializer(serializers.ModelSerializer):
+    """Runs the model's own ``full_clean()`` so the admin, the forms and the API apply the same rules (NetBox)."""
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        if "team" in self.fields and not attrs.get("team") and self.instance is None:
+            attrs["team"] = self._default_team()
+        instance = self.instance or self.Meta.model()
+        for name, value in attrs.items():
+            setattr(instance, name, value)
+        try:
+            instance.full_clean(exclude=self._clean_exclude())
+        except DjangoValidationError as error:
+            raise as_drf_validation_error(error) from None
+        return attrs
+
+    def _clean_exclude(self):
+        return []
+
+    def _default_team(self):
+        team = services.default_team(self.context["request"].user)
+        if team is None:
+            raise serializers.ValidationError({"team": ["You belong to several teams (or none): say which one."]})
+        return team
+
+
+class ClusterSerializer(ValidatedModelSerializer):
+    team = TeamField()
+    join_name = serializers.CharField(read_only=True)
+    nodes_online = serializers.IntegerField(read_only=True)
+    node_count = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Cluster
+        fields = ["id", "team", "name", "description", "expected_devices_per_node", "interconnect", "join_name",
+                  "node_count", "nodes_online", "created"]
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+
+    class Meta:
+        model = Node
+        fields = ["id", "cluster", "cluster_name", "hostname", "queue_name", "status", "last_heartbeat",
+                  "registered", "host_facts"]
+        read_only_fields = fields
+
+
+class DeviceSerializer(serializers.ModelSerializer):
+    hostname = serializers.CharField(source="node.hostname", read_only=True)
+
+    class Meta:
+        model = Device
+        fields = ["id", "node", "hostname", "index", "kind", "name", "memory_bytes", "properties"]
+        read_only_fields = fields
+
+
+class LinkSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Link
+        fields = ["id", "cluster", "kind", "source_device", "target_device", "source_node", "target_node",
+                  "measured_bandwidth_gbps", "p2p_ok", "updated"]
+        read_only_fields = fields
+
+
+class ModelSpecSerializer(ValidatedModelSerializer):
+    team = TeamField()
+    name = serializers.CharField(max_length=200, required=False)
+    config = serializers.JSONField(required=False, help_text="The config.json as a JSON object (or send config_file).")
+    config_file = serializers.FileField(write_only=True, required=False, help_text="The config.json file itself.")
+    created_by = serializers.StringRelatedField(read_only=True)
+
+    class Meta:
+        model = ModelSpec
+        fields = ["id", "team", "name", "architecture", "config", "config_file", "source_note", "created_by",
+                  "created"]
+        read_only_fields = ["architecture"]
+
+    def validate(self, attrs):
+        upload = attrs.pop("config_file", None)
+        try:
+            if upload is not None:
+                attrs["config"] = read_config_upload(upload)
+            elif "config" in attrs:
+                attrs["config"] = check_config(attrs["config"])
+            elif self.instance is None:
+                raise DjangoValidationError("Send the config.json, as 'config_file' (upload) or 'config' (JSON).")
+        except DjangoValidationError as error:
+            field = "config_file" if upload is not None else "config"
+            raise serializers.ValidationError({field: error.messages}) from None
+        if not attrs.get("name") and self.instance is None:
+            attrs["name"] = default_name(attrs["config"], getattr(upload, "name", ""))
+            if not attrs["name"]:
+                raise serializers.ValidationError({"name": ["Give the model a name (the config has no _name_or_path)."]})
+        return super().validate(attrs)
+
+
+class ModelSpecListSerializer(ModelSpecSerializer):
+    """The list leaves out the config itself: it can be megabytes per row."""
+
+    class Meta(ModelSpecSerializer.Meta):
+        fields = ["id", "team", "name", "architecture", "source_note", "created_by", "created"]
+
+
+class StageRunSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = StageRun
+        fields = ["id", "job", "kind", "node", "node_name", "status", "progress", "message", "created", "started",
+                  "finished", "error", "error_traceback", "result"]
+        read_only_fields = fields
+
+
+class JobSerializer(serializers.ModelSerializer):
+    cluster = TeamScopedRelatedField(queryset=Cluster.objects.all())
+    model = TeamScopedRelatedField(queryset=ModelSpec.objects.all(), required=False, allow_null=True)
+    stages = serializers.ListField(child=serializers.ChoiceField(choices=StageKind.choices), allow_empty=False)
+    parameters = serializers.JSONField(required=False, default=dict)
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    submitted_by = serializers.StringRelatedField(read_only=True)
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+    model_name = serializers.CharField(source="model.name", read_only=True, default=None)
+
+    class Meta:
+        model = AdaptationJob
+        fields = ["id", "team", "cluster", "cluster_name", "model", "model_name", "stages", "parameters", "status",
+                  "progress", "created", "started", "finished", "error", "submitted_by", "retry_of"]
+        read_only_fields = ["status", "progress", "created", "started", "finished", "error", "retry_of"]
+
+    def validate_parameters(self, value):
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("Parameters must be a JSON object.")
+        return value
+
+    def create(self, validated_data):
+        try:
+            return services.submit_job(
+                team=validated_data["cluster"].team,
+                user=self.context["request"].user,
+                cluster=validated_data["cluster"],
+                model=validated_data.get("model"),
+                stages=validated_data["stages"],
+                parameters=validated_data.get("parameters") or {},
+            )
+        except DjangoValidationError as error:
+            raise as_drf_validation_error(error) from None
+
+
+class JobDetailSerializer(JobSerializer):
+    stage_runs = StageRunSerializer(many=True, read_only=True)
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "error_traceback", "log", "stage_runs"]
+        read_only_fields = [*JobSerializer.Meta.read_only_fields, "error_traceback", "log"]

@@ -1,0 +1,185 @@
+from django.db import connection
+from django.db.models import Count, Q
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, permissions, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from .. import filtersets, services
+from ..choices import NodeStatus
+from ..models import AdaptationJob, Cluster, Device, Link, ModelSpec, Node, StageRun
+from . import serializers
+
+
+class TeamScopedViewSet(viewsets.GenericViewSet):
+    """Rows of the requesting user's teams only: another team's row is a 404, never a 403."""
+
+    select_related: tuple = ()
+    prefetch_related: tuple = ()
+
+    def get_queryset(self):
+        queryset = self.queryset.for_user(self.request.user)
+        return queryset.select_related(*self.select_related).prefetch_related(*self.prefetch_related)
+
+
+class ClusterViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                     mixins.UpdateModelMixin, mixins.DestroyModelMixin, TeamScopedViewSet):
+    """Clusters of your teams. Team admins create, change and delete them; members read."""
+
+    queryset = Cluster.objects.all()
+    serializer_class = serializers.ClusterSerializer
+    filterset_class = filtersets.ClusterFilterSet
+    ordering_fields = ["name", "created"]
+    select_related = ("team",)
+
+    def get_queryset(self):
+        return super().get_queryset().annotate(
+            node_count=Count("nodes", distinct=True),
+            nodes_online=Count("nodes", filter=Q(nodes__status=NodeStatus.ONLINE), distinct=True),
+        )
+
+    def _require_admin(self, team):
+        if not services.is_team_admin(self.request.user, team):
+            raise PermissionDenied(f"Only an admin of team {team} can change its clusters.")
+
+    def perform_create(self, serializer):
+        self._require_admin(serializer.validated_data["team"])
+        serializer.save()
+
+    def perform_update(self, serializer):
+        self._require_admin(serializer.instance.team)
+        if serializer.validated_data.get("team", serializer.instance.team) != serializer.instance.team:
+            self._require_admin(serializer.validated_data["team"])
+        serializer.save()
+
+    def perform_destroy(self, instance):
+        self._require_admin(instance.team)
+        instance.delete()
+
+
+class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
+    """Nodes register themselves by running a node worker; they are read-only here."""
+
+    queryset = Node.objects.all()
+    serializer_class = serializers.NodeSerializer
+    filterset_class = filtersets.NodeFilterSet
+    ordering_fields = ["hostname", "last_heartbeat", "status"]
+    select_related = ("cluster",)
+
+
+class DeviceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
+    queryset = Device.objects.all()
+    serializer_class = serializers.DeviceSerializer
+    filterset_class = filtersets.DeviceFilterSet
+    ordering_fields = ["index", "memory_bytes", "kind"]
+    select_related = ("node",)
+
+
+class LinkViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
+    queryset = Link.objects.all()
+    serializer_class = serializers.LinkSerializer
+    filterset_class = filtersets.LinkFilterSet
+    ordering_fields = ["kind", "measured_bandwidth_gbps"]
+
+
+class ModelSpecViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                       mixins.DestroyModelMixin, TeamScopedViewSet):
+    """Released models by their config.json: POST the file as ``config_file`` (multipart) or ``config`` (JSON)."""
+
+    queryset = ModelSpec.objects.all()
+    filterset_class = filtersets.ModelSpecFilterSet
+    ordering_fields = ["name", "created", "architecture"]
+    select_related = ("team", "created_by")
+
+    def get_serializer_class(self):
+        return serializers.ModelSpecListSerializer if self.action == "list" else serializers.ModelSpecSerializer
+
+    def get_queryset(self):
+        queryset = super().get_queryset()
+        return queryset.defer("config") if self.action == "list" else queryset
+
+    def perform_create(self, serializer):
+        serializer.save(created_by=self.request.user)
+
+    def perform_destroy(self, instance):
+        if instance.created_by_id != self.request.user.pk and not services.is_team_admin(self.request.user,
+                                                                                        instance.team):
+            raise PermissionDenied("Only the model's uploader or a team admin can delete it.")
+        instance.delete()
+
+
+class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
+    """Adaptation jobs. Submitting saves the job and enqueues it; ``cancel`` and ``retry`` are POST actions."""
+
+    queryset = AdaptationJob.objects.all()
+    filterset_class = filtersets.JobFilterSet
+    ordering_fields = ["created", "status", "finished"]
+    select_related = ("team", "cluster", "model", "submitted_by")
+
+    def get_serializer_class(self):
+        if self.action in ("retrieve", "cancel", "retry"):
+            return serializers.JobDetailSerializer
+        return serializers.JobSerializer
+
+    def get_queryset(self):
+        queryset = super().get_queryset()
+        if self.action == "list":
+            return queryset.defer("log", "error_traceback", "model__config")
+        return queryset.prefetch_related("stage_runs")
+
+    @extend_schema(request=None, responses={200: serializers.JobDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        job = services.cancel_job(self.get_object(), request.user)
+        return Response(serializers.JobDetailSerializer(job, context=self.get_serializer_context()).data)
+
+    @extend_schema(request=None, responses={201: serializers.JobDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def retry(self, request, pk=None):
+        job = services.retry_job(self.get_object(), request.user)
+        return Response(serializers.JobDetailSerializer(job, context=self.get_serializer_context()).data,
+                        status=status.HTTP_201_CREATED)
+
+
+class StageRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
+    queryset = StageRun.objects.all()
+    serializer_class = serializers.StageRunSerializer
+    filterset_class = filtersets.StageRunFilterSet
+    ordering_fields = ["created", "status"]
+
+    def get_queryset(self):
+        queryset = super().get_queryset()
+        return queryset.defer("result") if self.action == "list" else queryset
+
+
+class StatusView(APIView):
+    """Health: database, broker, and how many workers answer a ping. Open to all (load balancers)."""
+
+    authentication_classes = []
+    permission_classes = [permissions.AllowAny]
+
+    @extend_schema(responses={200: dict, 503: dict})
+    def get(self, request):
+        report = {"database": "ok", "broker": "ok", "workers": {"control": 0, "node": 0}}
+        healthy = True
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+        except Exception as error:  # noqa: BLE001 - the point is to report it
+            report["database"] = f"error: {error}"
+            healthy = False
+        app = services.celery_app()
+        try:
+            with app.connection_for_read() as broker:
+                broker.ensure_connection(max_retries=1, timeout=2)
+            replies = app.control.ping(timeout=1.0) or []
+            for reply in replies:
+                for worker_name in reply:
+                    kind = "node" if worker_name.startswith("d0.node.") else "control"
+                    report["workers"][kind] += 1
+        except Exception as error:  # noqa: BLE001
+            report["broker"] = f"error: {error}"
+            healthy = False
+        return Response(report, status=status.HTTP_200_OK if healthy else status.HTTP_503_SERVICE_UNAVAILABLE)

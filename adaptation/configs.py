@@ -1,0 +1,43 @@
+"""Reading an uploaded config.json: size limit, JSON, and an object at the top. Shared by form and API."""
+
+import json
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB"
+
+
+def read_config_upload(upload) -> dict:
+    """The parsed config from an uploaded file, or a ValidationError whose message a person can act on."""
+    limit = settings.D0_MAX_CONFIG_BYTES
+    if upload.size > limit:
+        raise ValidationError(f"The file is {_mib(upload.size)}; the limit for a config.json is {_mib(limit)}.")
+    raw = upload.read()
+    try:
+        config = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValidationError("The file is not UTF-8 text; a config.json is JSON text.") from None
+    except json.JSONDecodeError as error:
+        raise ValidationError(f"Not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}.") from None
+    return check_config(config)
+
+
+def check_config(config) -> dict:
+    if not isinstance(config, dict):
+        raise ValidationError(f"A config.json must be a JSON object ({{...}}), not {type(config).__name__}.")
+    size = len(json.dumps(config))
+    if size > settings.D0_MAX_CONFIG_BYTES:
+        raise ValidationError(f"The config is {_mib(size)}; the limit is {_mib(settings.D0_MAX_CONFIG_BYTES)}.")
+    return config
+
+
+def default_name(config: dict, filename: str = "") -> str:
+    """A model name when none is given: the config's ``_name_or_path``, else the file name without .json."""
+    name = config.get("_name_or_path")
+    if isinstance(name, str) and name.strip():
+        return name.strip()[:200]
+    stem = filename.rsplit("/", 1)[-1].removesuffix(".json")
+    return stem if stem and stem != "config" else ""

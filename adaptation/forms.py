@@ -1,0 +1,94 @@
+import json
+
+from django import forms
+from django.core.exceptions import ValidationError
+
+from .choices import StageKind
+from .configs import default_name, read_config_upload
+from .models import Cluster, ModelSpec, Team
+
+
+class TeamChoiceMixin:
+    """Limits every team-owned choice of a form to the user's teams."""
+
+    def scope(self, user):
+        for name, field in self.fields.items():
+            if isinstance(field, forms.ModelChoiceField):
+                field.queryset = field.queryset.model.objects.for_user(user)
+        if "team" in self.fields and self.fields["team"].queryset.count() == 1:
+            self.fields["team"].initial = self.fields["team"].queryset.first()
+
+
+class ClusterForm(TeamChoiceMixin, forms.ModelForm):
+    class Meta:
+        model = Cluster
+        fields = ["team", "name", "description", "expected_devices_per_node", "interconnect"]
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["team"].queryset = Team.objects.for_user(user).filter(memberships__role="admin")
+        if self.fields["team"].queryset.count() == 1:
+            self.fields["team"].initial = self.fields["team"].queryset.first()
+
+
+class ModelSpecForm(TeamChoiceMixin, forms.ModelForm):
+    config_file = forms.FileField(label="config.json", help_text="The model's released config.json.")
+    name = forms.CharField(max_length=200, required=False, help_text="Defaults to the config's _name_or_path.")
+
+    class Meta:
+        model = ModelSpec
+        fields = ["team", "name", "config_file", "source_note"]
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["team"].queryset = Team.objects.for_user(user)
+        self.scope(user)
+
+    def clean_config_file(self):
+        upload = self.cleaned_data["config_file"]
+        self.instance.config = read_config_upload(upload)
+        return upload
+
+    def clean(self):
+        cleaned = super().clean()
+        if not cleaned.get("name") and self.instance.config:
+            cleaned["name"] = default_name(self.instance.config, getattr(cleaned.get("config_file"), "name", ""))
+            self.instance.name = cleaned["name"]
+            if not cleaned["name"]:
+                self.add_error("name", "Give the model a name (the config has no _name_or_path).")
+        return cleaned
+
+    def _get_validation_exclusions(self):
+        # config is set from the upload, not a form field, but the model's rules for it must still run.
+        exclusions = super()._get_validation_exclusions()
+        exclusions.discard("config")
+        return exclusions
+
+
+class JobForm(TeamChoiceMixin, forms.Form):
+    cluster = forms.ModelChoiceField(queryset=Cluster.objects.all())
+    model = forms.ModelChoiceField(queryset=ModelSpec.objects.all(), required=False,
+                                   help_text="Not needed for an environment probe.")
+    stages = forms.MultipleChoiceField(choices=StageKind.choices, widget=forms.CheckboxSelectMultiple,
+                                       initial=[StageKind.values[0]])
+    parameters = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), required=False,
+                                 help_text='Optional JSON object, e.g. {"nodes": ["gpu-01"]}.')
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.scope(user)
+        clusters = self.fields["cluster"].queryset
+        if clusters.count() == 1:
+            self.fields["cluster"].initial = clusters.first()
+
+    def clean_parameters(self):
+        raw = self.cleaned_data["parameters"].strip()
+        if not raw:
+            return {}
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise ValidationError(f"Not valid JSON: {error.msg} (line {error.lineno}, column {error.colno}).")
+        if not isinstance(value, dict):
+            raise ValidationError("Parameters must be a JSON object ({...}).")
+        return value

@@ -1,0 +1,72 @@
+"""Runs the whole of d0 on this machine: web server, control-plane worker (with its beat) and a node worker.
+
+With no environment set this needs no external service: SQLite and the filesystem broker under var/.
+Ctrl-C (or SIGTERM) stops every process it started.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+from workers.protocol import control_queue
+
+
+class Command(BaseCommand):
+    help = "Migrate, create the demo, and run web + control-plane worker + a local node worker."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--bind", default="127.0.0.1:8000", help="address:port for the web server")
+        parser.add_argument("--no-node", action="store_true", help="do not start a node worker for 'local'")
+        parser.add_argument("--web-workers", type=int, default=2)
+
+    def handle(self, *args, bind, no_node, web_workers, **options):
+        call_command("migrate", interactive=False, verbosity=0)
+        call_command("bootstrap_demo", stdout=self.stdout)
+        var = settings.VAR_DIR
+        commands = {
+            "web": [sys.executable, "-m", "gunicorn", "d0web.wsgi", "--bind", bind, "--workers", str(web_workers),
+                    "--access-logfile", "-"],
+            "control": [sys.executable, "-m", "celery", "-A", "d0web", "worker", "--beat",
+                        "--schedule", str(var / "celerybeat-schedule"), "--queues", control_queue(),
+                        "--hostname", "control@%h", "--concurrency", "2", "--loglevel", "info",
+                        "--without-gossip", "--without-mingle"],
+        }
+        if not no_node:
+            commands["node"] = [sys.executable, "-m", "workers.node", "--broker", settings.D0_BROKER_URL,
+                                "--cluster", "demo/local", "--heartbeat", str(settings.D0_HEARTBEAT_INTERVAL)]
+        processes = {name: subprocess.Popen(command, start_new_session=True) for name, command in commands.items()}
+        self.stdout.write(f"d0 is up at http://{bind}/  (Ctrl-C stops it)")
+
+        def stop(*_):
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, stop)
+        try:
+            while True:
+                for name, process in processes.items():
+                    if process.poll() is not None:
+                        self.stderr.write(f"{name} exited with code {process.returncode}; stopping d0.")
+                        raise KeyboardInterrupt
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self._stop_all(processes)
+
+    @staticmethod
+    def _stop_all(processes):
+        for process in processes.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for process in processes.values():
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)

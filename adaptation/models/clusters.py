@@ -1,0 +1,112 @@
+from django.core.exceptions import ValidationError
+from django.db import models
+
+from ..choices import DeviceKind, InterconnectKind, NodeStatus
+from .teams import Team, TeamOwnedQuerySet
+
+
+class ClusterQuerySet(TeamOwnedQuerySet):
+    pass
+
+
+class Cluster(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="clusters")
+    name = models.SlugField(max_length=63, help_text="Letters, digits, - and _. Nodes join as <team>/<name>.")
+    description = models.TextField(blank=True)
+    expected_devices_per_node = models.PositiveIntegerField(default=1)
+    interconnect = models.CharField(max_length=16, choices=InterconnectKind.choices, default=InterconnectKind.UNKNOWN)
+    created = models.DateTimeField(auto_now_add=True)
+
+    objects = ClusterQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="cluster_name_unique_in_team")]
+
+    def __str__(self):
+        return self.name
+
+    @property
+    def join_name(self) -> str:
+        return f"{self.team.slug}/{self.name}"
+
+
+class NodeQuerySet(TeamOwnedQuerySet):
+    team_path = "cluster__team"
+
+
+class Node(models.Model):
+    """A machine that runs a node worker. Rows are created by the worker's registration, not by hand."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
+    hostname = models.CharField(max_length=255)
+    queue_name = models.CharField(max_length=255, unique=True)
+    status = models.CharField(max_length=16, choices=NodeStatus.choices, default=NodeStatus.ONLINE)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    registered = models.DateTimeField(auto_now_add=True)
+    host_facts = models.JSONField(default=dict, blank=True)
+
+    objects = NodeQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["cluster__name", "hostname"]
+        constraints = [models.UniqueConstraint(fields=["cluster", "hostname"], name="node_hostname_unique_in_cluster")]
+
+    def __str__(self):
+        return f"{self.hostname} ({self.cluster})"
+
+
+class DeviceQuerySet(TeamOwnedQuerySet):
+    team_path = "node__cluster__team"
+
+
+class Device(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="devices")
+    index = models.PositiveIntegerField()
+    kind = models.CharField(max_length=8, choices=DeviceKind.choices)
+    name = models.CharField(max_length=255)
+    memory_bytes = models.BigIntegerField(default=0)
+    properties = models.JSONField(default=dict, blank=True)
+
+    objects = DeviceQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["node__hostname", "kind", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "kind", "index"], name="device_unique_on_node")]
+
+    def __str__(self):
+        return f"{self.node.hostname}:{self.kind}:{self.index} {self.name}"
+
+
+class LinkQuerySet(TeamOwnedQuerySet):
+    team_path = "cluster__team"
+
+
+class Link(models.Model):
+    """An interconnect between two devices (NVLink, PCIe, XGMI, loopback) or two nodes (RDMA, Ethernet)."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="links")
+    kind = models.CharField(max_length=16, choices=InterconnectKind.choices)
+    source_device = models.ForeignKey(Device, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    target_device = models.ForeignKey(Device, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    source_node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    target_node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    measured_bandwidth_gbps = models.FloatField(null=True, blank=True, help_text="Measured, in GB/s.")
+    p2p_ok = models.BooleanField(null=True, blank=True, help_text="Peer access works (unknown when empty).")
+    updated = models.DateTimeField(auto_now=True)
+
+    objects = LinkQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["cluster__name", "id"]
+
+    def clean(self):
+        ends = [self.source_device_id, self.target_device_id, self.source_node_id, self.target_node_id]
+        device_pair = self.source_device_id is not None and self.target_device_id is not None
+        node_pair = self.source_node_id is not None and self.target_node_id is not None
+        if sum(end is not None for end in ends) != 2 or not (device_pair or node_pair):
+            raise ValidationError("A link joins either two devices or two nodes.")
+
+    def __str__(self):
+        ends = (self.source_device, self.target_device) if self.source_device_id else (self.source_node, self.target_node)
+        return f"{self.get_kind_display()}: {ends[0]} ↔ {ends[1]}"

@@ -1,0 +1,144 @@
+"""Jobs and their stage runs. The row is the source of truth for status, progress and errors.
+
+Every status change is a conditional UPDATE (``WHERE status IN (...)``) whose row count is checked, so a late
+report from a worker can never overwrite a cancel or a failure (healthchecks' ``sendalerts`` pattern).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models import F, Value
+from django.db.models.functions import Concat
+from django.utils import timezone
+
+from ..choices import ACTIVE_STATUSES, TERMINAL_STATUSES, JobStatus, StageKind
+from .clusters import Cluster, Node
+from .specs import ModelSpec
+from .teams import Team, TeamOwnedQuerySet
+
+
+class StatusTransitions(models.Model):
+    """Shared status machine: queued → running → succeeded | failed | cancelled."""
+
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True)
+    progress = models.FloatField(default=0.0)
+    created = models.DateTimeField(auto_now_add=True)
+    started = models.DateTimeField(null=True, blank=True)
+    finished = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    error_traceback = models.TextField(blank=True)
+    celery_task_id = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        abstract = True
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def duration_seconds(self) -> float | None:
+        if not self.started:
+            return None
+        return ((self.finished or timezone.now()) - self.started).total_seconds()
+
+    def _transition(self, from_statuses, to_status, **fields) -> bool:
+        """Move to ``to_status`` only if the row is still in one of ``from_statuses``; True if it moved."""
+        moved = type(self).objects.filter(pk=self.pk, status__in=list(from_statuses)).update(status=to_status, **fields)
+        self.refresh_from_db()
+        return moved == 1
+
+    def start(self) -> bool:
+        return self._transition([JobStatus.QUEUED], JobStatus.RUNNING, started=timezone.now())
+
+    def finish(self, **fields) -> bool:
+        return self._transition(
+            ACTIVE_STATUSES, JobStatus.SUCCEEDED, finished=timezone.now(), progress=1.0, **fields
+        )
+
+    def fail(self, error: str, traceback: str = "") -> bool:
+        return self._transition(
+            ACTIVE_STATUSES, JobStatus.FAILED, finished=timezone.now(), error=error, error_traceback=traceback
+        )
+
+    def cancel(self) -> bool:
+        return self._transition(ACTIVE_STATUSES, JobStatus.CANCELLED, finished=timezone.now())
+
+    def set_progress(self, fraction: float) -> bool:
+        fraction = min(max(float(fraction), 0.0), 1.0)
+        return type(self).objects.filter(pk=self.pk, status=JobStatus.RUNNING).update(progress=fraction) == 1
+
+
+class AdaptationJobQuerySet(TeamOwnedQuerySet):
+    def active(self):
+        return self.filter(status__in=list(ACTIVE_STATUSES))
+
+
+class AdaptationJob(StatusTransitions):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="jobs")
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="jobs")
+    model = models.ForeignKey(ModelSpec, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
+    stages = models.JSONField(help_text="Stage kinds, run in this order.")
+    parameters = models.JSONField(default=dict, blank=True)
+    log = models.TextField(blank=True)
+    submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    retry_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries")
+
+    objects = AdaptationJobQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created"]
+        indexes = [models.Index(fields=["team", "-created"])]
+
+    def __str__(self):
+        return f"Job {self.pk} ({', '.join(self.stages)} on {self.cluster})"
+
+    def clean(self):
+        errors = {}
+        stages = self.stages
+        if not isinstance(stages, list) or not stages:
+            errors["stages"] = "Choose at least one stage."
+        else:
+            unknown = [kind for kind in stages if kind not in StageKind.values]
+            if unknown:
+                errors["stages"] = f"Unknown stage kind(s): {', '.join(map(str, unknown))}. Known: {', '.join(StageKind.values)}."
+            elif len(set(stages)) != len(stages):
+                errors["stages"] = "Each stage can appear only once."
+        if not isinstance(self.parameters, dict):
+            errors["parameters"] = "Parameters must be a JSON object."
+        if self.cluster_id and self.team_id and self.cluster.team_id != self.team_id:
+            errors["cluster"] = "That cluster belongs to another team."
+        if self.model_id and self.team_id and self.model.team_id != self.team_id:
+            errors["model"] = "That model belongs to another team."
+        if errors:
+            raise ValidationError(errors)
+
+    def append_log(self, line: str) -> None:
+        stamp = timezone.now().strftime("%H:%M:%S")
+        # An atomic append in SQL: concurrent reports from several nodes never lose each other's lines.
+        AdaptationJob.objects.filter(pk=self.pk).update(log=Concat(F("log"), Value(f"{stamp} {line}\n")))
+
+
+class StageRunQuerySet(TeamOwnedQuerySet):
+    team_path = "job__team"
+
+
+class StageRun(StatusTransitions):
+    """One stage of a job on one node."""
+
+    job = models.ForeignKey(AdaptationJob, on_delete=models.CASCADE, related_name="stage_runs")
+    kind = models.CharField(max_length=32, choices=StageKind.choices)
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="stage_runs")
+    node_name = models.CharField(max_length=255, blank=True, help_text="Kept when the node row is deleted.")
+    message = models.CharField(max_length=255, blank=True, help_text="The latest progress message.")
+    result = models.JSONField(null=True, blank=True)
+
+    objects = StageRunQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["job_id", "id"]
+
+    def __str__(self):
+        return f"{self.kind} on {self.node_name} (job {self.job_id})"

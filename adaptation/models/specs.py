@@ -1,0 +1,47 @@
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+
+from .teams import Team, TeamOwnedQuerySet
+
+
+class ModelSpecQuerySet(TeamOwnedQuerySet):
+    pass
+
+
+def architecture_of(config: dict) -> str:
+    """The architecture a config.json declares: its first ``architectures`` entry, else its ``model_type``."""
+    architectures = config.get("architectures")
+    if isinstance(architectures, list) and architectures and isinstance(architectures[0], str):
+        return architectures[0]
+    model_type = config.get("model_type")
+    return model_type if isinstance(model_type, str) else ""
+
+
+class ModelSpec(models.Model):
+    """A released model as its config.json describes it. Only the config is kept: never weights, never code."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="model_specs")
+    name = models.CharField(max_length=200)
+    config = models.JSONField(help_text="The released config.json, as uploaded.")
+    source_note = models.TextField(blank=True, help_text="Where the config came from (release, revision).")
+    architecture = models.CharField(max_length=200, blank=True, editable=False)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created = models.DateTimeField(auto_now_add=True)
+
+    objects = ModelSpecQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created"]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="model_name_unique_in_team")]
+
+    def clean(self):
+        if not isinstance(self.config, dict):
+            raise ValidationError({"config": "A config.json must be a JSON object ({...}), not a list or a single value."})
+
+    def save(self, *args, **kwargs):
+        self.architecture = architecture_of(self.config)
+        super().save(*args, **kwargs)
+
+    def __str__(self):
+        return self.name

@@ -1,0 +1,50 @@
+from django.conf import settings
+from django.db import models
+
+from ..choices import TeamRole
+
+
+class TeamQuerySet(models.QuerySet):
+    def for_user(self, user):
+        return self.filter(memberships__user=user)
+
+
+class Team(models.Model):
+    """Everything in d0 belongs to a team and is invisible to other teams."""
+
+    name = models.CharField(max_length=100, unique=True)
+    slug = models.SlugField(max_length=100, unique=True, help_text="Used in node join names: <team>/<cluster>.")
+    created = models.DateTimeField(auto_now_add=True)
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, through="Membership", related_name="teams")
+
+    objects = TeamQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class Membership(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=TeamRole.choices, default=TeamRole.MEMBER)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "user"], name="one_membership_per_team")]
+        ordering = ["team__name", "user__username"]
+
+    def __str__(self):
+        return f"{self.user} in {self.team} ({self.role})"
+
+
+class TeamOwnedQuerySet(models.QuerySet):
+    """Scopes rows to the teams a user belongs to; ``team_path`` says how a model reaches its team."""
+
+    team_path = "team"
+
+    def for_user(self, user):
+        if not user.is_authenticated:
+            return self.none()
+        return self.filter(**{f"{self.team_path}__memberships__user": user})

@@ -1,0 +1,310 @@
+"""Domain operations shared by the pages, the API, the admin and the control-plane tasks.
+
+Views and tasks stay thin: they call these functions. Messages to workers are sent only after the
+transaction that created their rows commits (NetBox's ``Job.enqueue``), and carry ids, never objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable
+from datetime import timedelta
+from functools import partial
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from workers import protocol
+
+from .choices import ACTIVE_STATUSES, JobStatus, NodeStatus
+from .models import AdaptationJob, Cluster, Device, ModelSpec, Node, StageRun, Team
+
+logger = logging.getLogger(__name__)
+
+
+class Conflict(Exception):
+    """The request is valid but the object's state forbids it (the API answers 409)."""
+
+
+def celery_app():
+    from d0web.celery import app
+
+    return app
+
+
+def _send_on_commit(name: str, args: list, queue: str, task_id: str, **options) -> None:
+    transaction.on_commit(
+        partial(celery_app().send_task, name, args=args, queue=queue, task_id=task_id, **options)
+    )
+
+
+def _revoke_on_commit(task_ids: Iterable[str], terminate: bool) -> None:
+    ids = [task_id for task_id in task_ids if task_id]
+    if ids:
+        transaction.on_commit(partial(celery_app().control.revoke, ids, terminate=terminate))
+
+
+# --- teams ----------------------------------------------------------------------------------------------
+
+
+def teams_of(user):
+    return Team.objects.for_user(user)
+
+
+def default_team(user) -> Team | None:
+    """The user's team when there is exactly one, so forms and the API can leave it out."""
+    teams = list(teams_of(user)[:2])
+    return teams[0] if len(teams) == 1 else None
+
+
+def is_team_admin(user, team: Team) -> bool:
+    return team.memberships.filter(user=user, role="admin").exists()
+
+
+# --- jobs -----------------------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def submit_job(*, team, user, cluster, stages, model=None, parameters=None, retry_of=None) -> AdaptationJob:
+    job = AdaptationJob(
+        team=team,
+        cluster=cluster,
+        model=model,
+        stages=list(stages),
+        parameters=parameters or {},
+        submitted_by=user,
+        retry_of=retry_of,
+        celery_task_id=str(uuid.uuid4()),
+    )
+    job.full_clean()
+    job.save()
+    job.append_log(f"submitted by {user} to cluster {cluster.name}: {', '.join(job.stages)}")
+    _send_on_commit(protocol.DISPATCH_JOB, [job.pk], protocol.control_queue(), job.celery_task_id)
+    return job
+
+
+def retry_job(job: AdaptationJob, user) -> AdaptationJob:
+    if not job.is_terminal:
+        raise Conflict(f"Job {job.pk} is {job.status}; only a finished job can be retried.")
+    return submit_job(
+        team=job.team,
+        cluster=job.cluster,
+        model=job.model,
+        stages=job.stages,
+        parameters=job.parameters,
+        user=user,
+        retry_of=job,
+    )
+
+
+@transaction.atomic
+def cancel_job(job: AdaptationJob, user) -> AdaptationJob:
+    if not job.cancel():
+        raise Conflict(f"Job {job.pk} is already {job.status}; only a queued or running job can be cancelled.")
+    job.append_log(f"cancelled by {user}")
+    _stop_stage_runs(job, JobStatus.CANCELLED)
+    # The dispatch task is bookkeeping that reads the job row: revoke it but never kill it mid-write.
+    _revoke_on_commit([job.celery_task_id], terminate=False)
+    return job
+
+
+def _stop_stage_runs(job: AdaptationJob, status: str, error: str = "") -> None:
+    """End every still-active stage run of a job and revoke its node task (killing it if it runs)."""
+    runs = StageRun.objects.filter(job=job, status__in=list(ACTIVE_STATUSES))
+    task_ids = list(runs.values_list("celery_task_id", flat=True))
+    runs.update(status=status, finished=timezone.now(), error=error)
+    _revoke_on_commit(task_ids, terminate=True)
+
+
+def _fail_job(job: AdaptationJob, error: str, traceback: str = "") -> None:
+    if job.fail(error, traceback):
+        job.append_log(f"failed: {error}")
+        _stop_stage_runs(job, JobStatus.CANCELLED, error="job failed elsewhere")
+
+
+def eligible_nodes(job: AdaptationJob) -> list[Node]:
+    nodes = Node.objects.filter(cluster=job.cluster, status=NodeStatus.ONLINE).order_by("hostname")
+    wanted = job.parameters.get("nodes") if isinstance(job.parameters, dict) else None
+    if wanted:
+        nodes = nodes.filter(hostname__in=wanted)
+    return list(nodes)
+
+
+def dispatch_job(job_id: int) -> None:
+    """Control-plane entry point for a new job: start it and fan out its first stage."""
+    job = AdaptationJob.objects.filter(pk=job_id).first()
+    if job is None or not job.start():
+        return  # deleted, cancelled before it started, or already dispatched by a redelivery
+    job.append_log("started")
+    advance_job(job.pk)
+
+
+@transaction.atomic
+def advance_job(job_id: int) -> None:
+    """Dispatch the next stage whose predecessors have all succeeded, or finish the job."""
+    job = AdaptationJob.objects.select_for_update().get(pk=job_id)
+    if job.status != JobStatus.RUNNING:
+        return
+    runs = list(job.stage_runs.all())
+    if any(run.status in ACTIVE_STATUSES for run in runs):
+        _update_job_progress(job, runs)
+        return
+    done = {run.kind for run in runs}
+    pending = [kind for kind in job.stages if kind not in done]
+    if not pending:
+        job.finish()
+        job.append_log("succeeded")
+        return
+    kind = pending[0]
+    nodes = eligible_nodes(job)
+    if not nodes:
+        _fail_job(job, f"No online node in cluster '{job.cluster.name}' can run stage {kind}. Start a node worker "
+                       f"(see the cluster page) or wait for a node to come back online.")
+        return
+    for node in nodes:
+        run = StageRun.objects.create(
+            job=job, kind=kind, node=node, node_name=node.hostname, celery_task_id=str(uuid.uuid4())
+        )
+        job.append_log(f"stage {kind} queued on {node.hostname}")
+        _send_on_commit(protocol.RUN_STAGE, [run.pk, kind, job.parameters], node.queue_name, run.celery_task_id)
+    _update_job_progress(job, [*runs, *job.stage_runs.filter(kind=kind)])
+
+
+def _update_job_progress(job: AdaptationJob, runs: list[StageRun]) -> None:
+    """Job progress = mean over its stages of the mean progress of that stage's runs (0 if not yet run)."""
+    per_stage = []
+    for kind in job.stages:
+        fractions = [run.progress for run in runs if run.kind == kind]
+        per_stage.append(sum(fractions) / len(fractions) if fractions else 0.0)
+    job.set_progress(sum(per_stage) / len(per_stage))
+
+
+def record_stage_started(stage_run_id: int) -> None:
+    run = StageRun.objects.filter(pk=stage_run_id).first()
+    if run and run.start():
+        run.job.append_log(f"stage {run.kind} running on {run.node_name}")
+
+
+def record_stage_progress(stage_run_id: int, fraction: float, message: str) -> None:
+    updated = StageRun.objects.filter(pk=stage_run_id, status=JobStatus.RUNNING).update(
+        progress=min(max(float(fraction), 0.0), 1.0), message=str(message)[:255]
+    )
+    if updated:
+        job = AdaptationJob.objects.get(stage_runs__pk=stage_run_id)
+        _update_job_progress(job, list(job.stage_runs.all()))
+
+
+def record_stage_finished(stage_run_id: int, ok: bool, result, error: str, traceback: str) -> None:
+    run = StageRun.objects.select_related("job").filter(pk=stage_run_id).first()
+    if run is None:
+        return
+    moved = run.finish(result=result, message="done") if ok else run.fail(error or "stage failed", traceback)
+    if not moved:
+        return  # cancelled, or failed by the node sweep: a late report never overwrites that
+    job = run.job
+    if ok:
+        job.append_log(f"stage {run.kind} succeeded on {run.node_name} in {run.duration_seconds or 0:.1f}s")
+        advance_job(job.pk)
+    else:
+        with transaction.atomic():
+            _fail_job(job, f"Stage {run.kind} failed on {run.node_name}: {error}", traceback)
+
+
+# --- nodes ----------------------------------------------------------------------------------------------
+
+
+def resolve_cluster(reference: str) -> Cluster:
+    """A cluster from a node's join name: ``team/cluster``, or a bare cluster name that is unique."""
+    team_slug, _, name = reference.rpartition("/")
+    clusters = Cluster.objects.filter(name=name).select_related("team")
+    if team_slug:
+        clusters = clusters.filter(team__slug=team_slug)
+    found = list(clusters[:2])
+    if len(found) != 1:
+        problem = "matches several clusters; use <team>/<cluster>" if found else "matches no cluster"
+        raise ValidationError(f"Cluster reference {reference!r} {problem}.")
+    return found[0]
+
+
+@transaction.atomic
+def register_node(cluster_ref: str, hostname: str, queue_name: str, host_facts: dict, devices: list[dict]) -> Node:
+    cluster = resolve_cluster(cluster_ref)
+    now = timezone.now()
+    node = Node.objects.select_for_update().filter(cluster=cluster, hostname=hostname).first()
+    if node is None:
+        node = Node(cluster=cluster, hostname=hostname)
+    if node.status != NodeStatus.DRAINING:
+        node.status = NodeStatus.ONLINE
+    node.queue_name = queue_name
+    node.last_heartbeat = now
+    node.host_facts = host_facts
+    node.save()
+    seen = []
+    for reported in devices:
+        device, _ = Device.objects.update_or_create(
+            node=node,
+            kind=reported["kind"],
+            index=reported["index"],
+            defaults={
+                "name": reported.get("name", "")[:255],
+                "memory_bytes": int(reported.get("memory_bytes") or 0),
+                "properties": reported.get("properties") or {},
+            },
+        )
+        seen.append(device.pk)
+    node.devices.exclude(pk__in=seen).delete()
+    logger.info("node %s registered in %s with %d devices", hostname, cluster.join_name, len(seen))
+    return node
+
+
+def record_heartbeat(queue_name: str) -> bool:
+    now = timezone.now()
+    if not Node.objects.filter(queue_name=queue_name).update(last_heartbeat=now):
+        return False
+    Node.objects.filter(queue_name=queue_name, status=NodeStatus.OFFLINE).update(status=NodeStatus.ONLINE)
+    return True
+
+
+def node_left(queue_name: str) -> None:
+    """A node worker shut down cleanly: offline now, rather than after the heartbeat timeout."""
+    for node in Node.objects.filter(queue_name=queue_name, status=NodeStatus.ONLINE):
+        _mark_offline(node, "its worker shut down", Node.objects.filter(pk=node.pk, status=NodeStatus.ONLINE))
+
+
+def sweep_nodes() -> list[str]:
+    """Mark nodes offline after missed heartbeats and fail the work they held. Returns their hostnames."""
+    timeout = settings.D0_NODE_TIMEOUT
+    cutoff = timezone.now() - timedelta(seconds=timeout)
+    stale = Node.objects.filter(status__in=[NodeStatus.ONLINE, NodeStatus.DRAINING], last_heartbeat__lt=cutoff)
+    gone = []
+    for node in stale:
+        reason = f"no heartbeat since {node.last_heartbeat:%Y-%m-%d %H:%M:%S} UTC (timeout {timeout:g}s)"
+        guard = Node.objects.filter(pk=node.pk, last_heartbeat__lt=cutoff, status=node.status)
+        if _mark_offline(node, reason, guard):
+            gone.append(node.hostname)
+    return gone
+
+
+@transaction.atomic
+def _mark_offline(node: Node, reason: str, guard) -> bool:
+    if not guard.update(status=NodeStatus.OFFLINE):
+        return False  # a heartbeat arrived in between
+    logger.warning("node %s offline: %s", node.hostname, reason)
+    for run in StageRun.objects.select_related("job").filter(node=node, status__in=list(ACTIVE_STATUSES)):
+        error = f"Node {node.hostname} went offline ({reason}) while stage {run.kind} was {run.status}."
+        if run.fail(error):
+            _fail_job(run.job, error)
+    return True
+
+
+# --- models ---------------------------------------------------------------------------------------------
+
+
+def create_model_spec(*, team, user, name: str, config: dict, source_note: str = "") -> ModelSpec:
+    spec = ModelSpec(team=team, name=name, config=config, source_note=source_note, created_by=user)
+    spec.full_clean()
+    spec.save()
+    return spec

@@ -1,0 +1,20 @@
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("", views.dashboard, name="dashboard"),
+    path("clusters/", views.cluster_list, name="cluster-list"),
+    path("clusters/new/", views.cluster_create, name="cluster-create"),
+    path("clusters/<int:pk>/", views.cluster_detail, name="cluster-detail"),
+    path("models/", views.model_list, name="model-list"),
+    path("models/new/", views.model_create, name="model-create"),
+    path("models/<int:pk>/", views.model_detail, name="model-detail"),
+    path("jobs/", views.job_list, name="job-list"),
+    path("jobs/new/", views.job_create, name="job-create"),
+    path("jobs/<int:pk>/", views.job_detail, name="job-detail"),
+    path("jobs/<int:pk>/progress/", views.job_progress, name="job-progress"),
+    path("jobs/<int:pk>/cancel/", views.job_cancel, name="job-cancel"),
+    path("jobs/<int:pk>/retry/", views.job_retry, name="job-retry"),
+    path("account/token/", views.api_token, name="api-token-page"),
+]

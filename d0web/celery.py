@@ -1,0 +1,12 @@
+"""The control-plane Celery app (cookiecutter-django's form). Node workers use workers/node.py instead."""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "d0web.settings")
+
+app = Celery("d0web")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+# Control-plane tasks live in workers/control.py (not in an app's tasks.py), so name the module directly.
+app.autodiscover_tasks(lambda: ["workers"], related_name="control")

@@ -1,0 +1,1 @@
+"""Celery tasks (control plane and node side) and the Django-free engine."""

@@ -1,0 +1,56 @@
+"""Control-plane tasks: thin bridges from broker messages to adaptation.services.
+
+They run in the Django-side worker (``celery -A d0web worker -Q d0.control``). Node workers send the
+``STAGE_*`` and ``NODE_*`` messages by name (see workers/protocol.py); nodes never touch the database.
+"""
+
+from celery import shared_task
+from django.core.exceptions import ValidationError
+
+from adaptation import services
+
+from . import protocol
+
+
+@shared_task(name=protocol.DISPATCH_JOB)
+def dispatch_job(job_id: int) -> None:
+    services.dispatch_job(job_id)
+
+
+@shared_task(name=protocol.REGISTER_NODE)
+def register_node(cluster_ref: str, hostname: str, queue_name: str, host_facts: dict, devices: list) -> None:
+    try:
+        services.register_node(cluster_ref, hostname, queue_name, host_facts, devices)
+    except ValidationError as error:
+        # Not retried: a wrong cluster name does not fix itself. The node's log points at the join command.
+        services.logger.error("node %s could not register: %s", hostname, "; ".join(error.messages))
+
+
+@shared_task(name=protocol.NODE_HEARTBEAT)
+def node_heartbeat(queue_name: str) -> None:
+    services.record_heartbeat(queue_name)
+
+
+@shared_task(name=protocol.NODE_LEAVING)
+def node_leaving(queue_name: str) -> None:
+    services.node_left(queue_name)
+
+
+@shared_task(name=protocol.STAGE_STARTED)
+def stage_started(stage_run_id: int) -> None:
+    services.record_stage_started(stage_run_id)
+
+
+@shared_task(name=protocol.STAGE_PROGRESS)
+def stage_progress(stage_run_id: int, fraction: float, message: str) -> None:
+    services.record_stage_progress(stage_run_id, fraction, message)
+
+
+@shared_task(name=protocol.STAGE_FINISHED)
+def stage_finished(stage_run_id: int, ok: bool, result, error: str, traceback: str) -> None:
+    services.record_stage_finished(stage_run_id, ok, result, error, traceback)
+
+
+@shared_task(name=protocol.SWEEP_NODES)
+def sweep_nodes() -> list:
+    return services.sweep_nodes()

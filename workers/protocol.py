@@ -1,0 +1,68 @@
+"""What the control plane and node workers agree on: task names, queue names, broker options.
+
+Both sides import this module; it imports nothing from Django so a node needs only the broker.
+Tasks cross between the two Celery apps by name (``send_task``), so these strings are the wire protocol.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from urllib.parse import urlparse
+
+# Control-plane tasks (run by the Django-side worker on the control queue).
+DISPATCH_JOB = "d0.control.dispatch_job"
+REGISTER_NODE = "d0.control.register_node"
+NODE_HEARTBEAT = "d0.control.node_heartbeat"
+NODE_LEAVING = "d0.control.node_leaving"
+STAGE_STARTED = "d0.control.stage_started"
+STAGE_PROGRESS = "d0.control.stage_progress"
+STAGE_FINISHED = "d0.control.stage_finished"
+SWEEP_NODES = "d0.control.sweep_nodes"
+
+# Node-side task (run by the worker on one node's own queue).
+RUN_STAGE = "d0.node.run_stage"
+
+DEFAULT_CONTROL_QUEUE = "d0.control"
+
+
+def control_queue() -> str:
+    return os.environ.get("D0_CONTROL_QUEUE", DEFAULT_CONTROL_QUEUE)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9_-]+", "-", text.lower()).strip("-") or "x"
+
+
+def node_queue(cluster_ref: str, hostname: str) -> str:
+    """One queue per node, named from the cluster reference and the node's hostname.
+
+    Both parts are slugged so that a reference like ``team/cluster`` or a hostname with dots gives a name
+    every broker accepts, and the queue can be read back by a person looking at the broker.
+    """
+    parts = [_slug(part) for part in cluster_ref.split("/")]
+    return ".".join(["d0", "node", *parts, _slug(hostname)])
+
+
+def broker_settings(url: str) -> tuple[str, dict]:
+    """Broker URL and transport options for Celery.
+
+    ``filesystem:///some/dir`` is the zero-setup broker: kombu's filesystem transport keeps messages as files
+    (fanout included, so revoke and ping work across processes). Kombu ignores the URL's path, so the folders
+    are passed as transport options here; every process on the machine that uses the same URL shares them.
+    """
+    parsed = urlparse(url)
+    if parsed.scheme != "filesystem":
+        return url, {}
+    root = Path(parsed.path or "var/broker").resolve()
+    messages = root / "messages"
+    control = root / "control"
+    for folder in (messages, control):
+        folder.mkdir(parents=True, exist_ok=True)
+    return "filesystem://", {
+        "data_folder_in": str(messages),
+        "data_folder_out": str(messages),
+        "control_folder": str(control),
+        "polling_interval": 0.2,
+    }

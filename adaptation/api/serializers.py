@@ -24,7 +24,11 @@ class TeamField(serializers.SlugRelatedField):
 
 
 class ValidatedModelSerializer(serializers.ModelSerializer):
-    """Runs the model's own ``full_clean()`` so the admin, the forms and the API apply the same rules (NetBox)."""
+    """Runs the model's own ``full_clean()`` so the admin, the forms and the API apply the same rules (NetBox).
+
+    Subclasses set ``validators = []`` in Meta: DRF's own unique-together validator would make ``team``
+    required, while here it defaults to the user's only team; full_clean checks the constraint instead.
+    """
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
@@ -59,6 +63,7 @@ class ClusterSerializer(ValidatedModelSerializer):
         model = Cluster
         fields = ["id", "team", "name", "description", "expected_devices_per_node", "interconnect", "join_name",
                   "node_count", "nodes_online", "created"]
+        validators = []
 
 
 class NodeSerializer(serializers.ModelSerializer):
@@ -100,6 +105,7 @@ class ModelSpecSerializer(ValidatedModelSerializer):
         fields = ["id", "team", "name", "architecture", "config", "config_file", "source_note", "created_by",
                   "created"]
         read_only_fields = ["architecture"]
+        validators = []
 
     def validate(self, attrs):
         upload = attrs.pop("config_file", None)

@@ -32,6 +32,7 @@ class ClusterViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
     serializer_class = serializers.ClusterSerializer
     filterset_class = filtersets.ClusterFilterSet
     ordering_fields = ["name", "created"]
+    ordering = ["name"]
     select_related = ("team",)
 
     def get_queryset(self):
@@ -66,6 +67,7 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedVi
     serializer_class = serializers.NodeSerializer
     filterset_class = filtersets.NodeFilterSet
     ordering_fields = ["hostname", "last_heartbeat", "status"]
+    ordering = ["hostname"]
     select_related = ("cluster",)
 
 
@@ -74,6 +76,7 @@ class DeviceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScoped
     serializer_class = serializers.DeviceSerializer
     filterset_class = filtersets.DeviceFilterSet
     ordering_fields = ["index", "memory_bytes", "kind"]
+    ordering = ["id"]
     select_related = ("node",)
 
 
@@ -82,6 +85,7 @@ class LinkViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedVi
     serializer_class = serializers.LinkSerializer
     filterset_class = filtersets.LinkFilterSet
     ordering_fields = ["kind", "measured_bandwidth_gbps"]
+    ordering = ["id"]
 
 
 class ModelSpecViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
@@ -91,6 +95,7 @@ class ModelSpecViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Re
     queryset = ModelSpec.objects.all()
     filterset_class = filtersets.ModelSpecFilterSet
     ordering_fields = ["name", "created", "architecture"]
+    ordering = ["-created"]
     select_related = ("team", "created_by")
 
     def get_serializer_class(self):
@@ -116,6 +121,7 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
     queryset = AdaptationJob.objects.all()
     filterset_class = filtersets.JobFilterSet
     ordering_fields = ["created", "status", "finished"]
+    ordering = ["-created"]
     select_related = ("team", "cluster", "model", "submitted_by")
 
     def get_serializer_class(self):
@@ -148,6 +154,7 @@ class StageRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
     serializer_class = serializers.StageRunSerializer
     filterset_class = filtersets.StageRunFilterSet
     ordering_fields = ["created", "status"]
+    ordering = ["-id"]
 
     def get_queryset(self):
         queryset = super().get_queryset()

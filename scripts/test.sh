@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test command: real PostgreSQL and Redis on 127.0.0.1 (started if needed), then pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/ensure-services.sh
+export DATABASE_URL="${D0_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/d0}"
+export REDIS_URL="${D0_TEST_REDIS_URL:-redis://127.0.0.1:6379/15}"
+export D0_VAR_DIR="${D0_VAR_DIR:-$(mktemp -d)}"
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,138 @@
+"""Fixtures: an owner (team admin), a member of the same team and an outsider from another team
+(healthchecks' hc/test.py), with their API clients and a little data of the owner's team."""
+
+import json
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+from rest_framework.test import APIClient
+
+from adaptation.choices import TeamRole
+from adaptation.models import AdaptationJob, Cluster, Device, Membership, ModelSpec, Node, StageRun, Team
+
+DATA = Path(__file__).parent / "data"
+
+
+def load_config(name: str) -> dict:
+    return json.loads((DATA / name).read_text())
+
+
+def _user(username: str, team: Team, role: str):
+    user = get_user_model().objects.create_user(username, password="a-long-test-password")
+    Membership.objects.create(team=team, user=user, role=role)
+    return user
+
+
+@pytest.fixture
+def team(db):
+    return Team.objects.create(name="Alpha", slug="alpha")
+
+
+@pytest.fixture
+def other_team(db):
+    return Team.objects.create(name="Beta", slug="beta")
+
+
+@pytest.fixture
+def owner(team):
+    return _user("alice", team, TeamRole.ADMIN)
+
+
+@pytest.fixture
+def member(team):
+    return _user("bob", team, TeamRole.MEMBER)
+
+
+@pytest.fixture
+def outsider(other_team):
+    return _user("eve", other_team, TeamRole.ADMIN)
+
+
+def _client(user=None):
+    client = APIClient()
+    if user is not None:
+        client.force_authenticate(user)
+    return client
+
+
+@pytest.fixture
+def anon_api():
+    return _client()
+
+
+@pytest.fixture
+def owner_api(owner):
+    return _client(owner)
+
+
+@pytest.fixture
+def member_api(member):
+    return _client(member)
+
+
+@pytest.fixture
+def outsider_api(outsider):
+    return _client(outsider)
+
+
+@pytest.fixture
+def cluster(team):
+    return Cluster.objects.create(team=team, name="h100-pod", expected_devices_per_node=8)
+
+
+@pytest.fixture
+def node(cluster):
+    from django.utils import timezone
+
+    node = Node.objects.create(cluster=cluster, hostname="gpu-01", queue_name="d0.node.alpha.h100-pod.gpu-01",
+                               last_heartbeat=timezone.now())
+    Device.objects.create(node=node, index=0, kind="cpu", name="EPYC", memory_bytes=2**30)
+    return node
+
+
+@pytest.fixture
+def model_spec(team, owner):
+    return ModelSpec.objects.create(team=team, name="qwen3-0.6b", config=load_config("qwen3-0.6b.json"),
+                                    created_by=owner)
+
+
+@pytest.fixture
+def job(cluster, owner, model_spec, node):
+    job = AdaptationJob.objects.create(team=cluster.team, cluster=cluster, model=model_spec, stages=["env_probe"],
+                                       submitted_by=owner)
+    StageRun.objects.create(job=job, kind="env_probe", node=node, node_name=node.hostname)
+    return job
+
+
+class SentTasks:
+    """Records what the control plane would send to the broker: the one edge unit tests replace."""
+
+    def __init__(self):
+        self.sent = []
+        self.revoked = []
+        self.control = self
+
+    def send_task(self, name, args=None, queue=None, task_id=None, **options):
+        self.sent.append({"name": name, "args": args, "queue": queue, "task_id": task_id})
+
+    def revoke(self, ids, terminate=False):
+        self.revoked.append((list(ids), terminate))
+
+    def names(self):
+        return [task["name"] for task in self.sent]
+
+
+@pytest.fixture
+def broker(monkeypatch):
+    from adaptation import services
+
+    recorder = SentTasks()
+    monkeypatch.setattr(services, "celery_app", lambda: recorder)
+    return recorder
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    # PBKDF2's deliberate slowness is a cost per user made; the tests make hundreds.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -1,0 +1,144 @@
+"""Every page and endpoint: anonymous → 401/redirect, outsider → 404, team member → what members get."""
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from adaptation.models import Cluster, Link
+
+
+@pytest.fixture
+def link(cluster, node):
+    device = node.devices.get()
+    return Link.objects.create(cluster=cluster, kind="loopback", source_device=device, target_device=device)
+
+
+@pytest.fixture
+def rows(job, link):
+    """One of everything, in the owner's team."""
+    run = job.stage_runs.get()
+    return {
+        "cluster": job.cluster.pk, "node": run.node.pk, "device": run.node.devices.get().pk, "link": link.pk,
+        "model": job.model.pk, "job": job.pk, "stage_run": run.pk,
+    }
+
+
+API_DETAIL = [
+    ("/api/clusters/{cluster}/", "cluster"),
+    ("/api/nodes/{node}/", "node"),
+    ("/api/devices/{device}/", "device"),
+    ("/api/links/{link}/", "link"),
+    ("/api/models/{model}/", "model"),
+    ("/api/jobs/{job}/", "job"),
+    ("/api/stage-runs/{stage_run}/", "stage_run"),
+]
+API_LISTS = ["/api/clusters/", "/api/nodes/", "/api/devices/", "/api/links/", "/api/models/", "/api/jobs/",
+             "/api/stage-runs/"]
+PAGES_DETAIL = ["/clusters/{cluster}/", "/models/{model}/", "/jobs/{job}/", "/jobs/{job}/progress/"]
+PAGES = ["/", "/clusters/", "/models/", "/models/new/", "/jobs/", "/jobs/new/", "/account/token/", "/api/docs/",
+         "/api/schema/"]
+
+
+@pytest.mark.parametrize("url", API_LISTS + [detail for detail, _ in API_DETAIL])
+def test_the_api_answers_401_to_anonymous_requests(url, rows, anon_api):
+    response = anon_api.get(url.format(**rows))
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"] == "Token"
+
+
+@pytest.mark.parametrize("url", [detail for detail, _ in API_DETAIL])
+def test_another_teams_rows_are_404_in_the_api(url, rows, outsider_api):
+    assert outsider_api.get(url.format(**rows)).status_code == 404
+
+
+@pytest.mark.parametrize("url", API_LISTS)
+def test_another_teams_rows_are_absent_from_api_lists(url, rows, outsider_api, member_api):
+    assert outsider_api.get(url).json()["count"] == 0
+    assert member_api.get(url).json()["count"] == 1
+
+
+@pytest.mark.parametrize("url", [detail for detail, _ in API_DETAIL])
+def test_a_member_reads_the_teams_rows(url, rows, member_api):
+    assert member_api.get(url.format(**rows)).status_code == 200
+
+
+@pytest.mark.parametrize("action", ["cancel", "retry"])
+def test_job_actions_are_404_for_an_outsider_and_401_for_anonymous(action, rows, outsider_api, anon_api):
+    url = f"/api/jobs/{rows['job']}/{action}/"
+    assert outsider_api.post(url).status_code == 404
+    assert anon_api.post(url).status_code == 401
+
+
+def test_an_outsider_cannot_submit_a_job_to_another_teams_cluster(rows, outsider_api):
+    response = outsider_api.post("/api/jobs/", {"cluster": rows["cluster"], "stages": ["env_probe"]}, format="json")
+    assert response.status_code == 400
+    assert "does not exist" in response.json()["cluster"][0]
+
+
+def test_only_team_admins_change_clusters(rows, owner_api, member_api, outsider_api):
+    url = f"/api/clusters/{rows['cluster']}/"
+    assert member_api.patch(url, {"description": "x"}, format="json").status_code == 403
+    assert outsider_api.patch(url, {"description": "x"}, format="json").status_code == 404
+    assert owner_api.patch(url, {"description": "x"}, format="json").status_code == 200
+    created = member_api.post("/api/clusters/", {"name": "new", "team": "alpha"}, format="json")
+    assert created.status_code == 403
+    assert not Cluster.objects.filter(name="new").exists()
+    created = owner_api.post("/api/clusters/", {"name": "new"}, format="json")
+    assert created.status_code == 201, created.json()
+
+
+def test_health_is_open_to_anonymous(anon_api, db):
+    response = anon_api.get("/api/status/")
+    assert response.status_code in (200, 503)
+    assert set(response.json()) == {"database", "broker", "workers"}
+
+
+@pytest.mark.parametrize("url", PAGES + PAGES_DETAIL + ["/clusters/new/"])
+def test_pages_send_anonymous_visitors_to_the_login_page(url, rows):
+    response = Client().get(url.format(**rows))
+    if url.startswith("/api/"):
+        assert response.status_code == 401
+    else:
+        assert response.status_code == 302
+        assert response["Location"].startswith(reverse("login"))
+
+
+@pytest.mark.parametrize("url", PAGES_DETAIL)
+def test_another_teams_pages_are_404(url, rows, outsider):
+    client = Client()
+    client.force_login(outsider)
+    assert client.get(url.format(**rows)).status_code == 404
+
+
+@pytest.mark.parametrize("url", PAGES + PAGES_DETAIL)
+def test_a_member_sees_every_page(url, rows, member):
+    client = Client()
+    client.force_login(member)
+    assert client.get(url.format(**rows)).status_code == 200
+
+
+@pytest.mark.parametrize("action", ["cancel", "retry"])
+def test_job_page_actions_are_404_for_an_outsider(action, rows, outsider):
+    client = Client()
+    client.force_login(outsider)
+    assert client.post(f"/jobs/{rows['job']}/{action}/").status_code == 404
+
+
+def test_pages_do_not_leak_another_teams_rows_into_lists(rows, outsider):
+    client = Client()
+    client.force_login(outsider)
+    for url in ["/", "/clusters/", "/models/", "/jobs/"]:
+        body = client.get(url).content.decode()
+        assert "h100-pod" not in body and "qwen3-0.6b" not in body, url
+
+
+def test_a_member_cannot_open_the_new_cluster_form(member):
+    client = Client()
+    client.force_login(member)
+    assert client.get("/clusters/new/").status_code == 403
+
+
+def test_forms_need_a_csrf_token(member, rows):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(member)
+    assert client.post(f"/jobs/{rows['job']}/cancel/").status_code == 403

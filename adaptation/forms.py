@@ -58,11 +58,11 @@ class ModelSpecForm(TeamChoiceMixin, forms.ModelForm):
                 self.add_error("name", "Give the model a name (the config has no _name_or_path).")
         return cleaned
 
-    def _get_validation_exclusions(self):
-        # config is set from the upload, not a form field, but the model's rules for it must still run.
-        exclusions = super()._get_validation_exclusions()
-        exclusions.discard("config")
-        return exclusions
+    def _update_errors(self, errors):
+        # The model's rules about ``config`` concern what this form calls ``config_file``.
+        if hasattr(errors, "error_dict") and "config" in errors.error_dict:
+            errors.error_dict.setdefault("config_file", []).extend(errors.error_dict.pop("config"))
+        super()._update_errors(errors)
 
 
 class JobForm(TeamChoiceMixin, forms.Form):

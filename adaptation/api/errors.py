@@ -1,9 +1,11 @@
 """Every API error is JSON: field errors as ``{"field": ["message"]}``, others as ``{"detail": "..."}``."""
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import ProtectedError
 from rest_framework import status
-from rest_framework.exceptions import APIException, ValidationError
+from rest_framework.exceptions import APIException, ParseError, ValidationError
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from ..services import Conflict
@@ -26,6 +28,8 @@ def exception_handler(exc, context):
         exc = as_drf_validation_error(exc)
     elif isinstance(exc, Conflict):
         exc = ConflictError(str(exc))
+    elif isinstance(exc, RequestDataTooBig):
+        exc = ParseError(f"Request body is over the {settings.DATA_UPLOAD_MAX_MEMORY_SIZE / 2**20:.1f} MiB limit.")
     elif isinstance(exc, ProtectedError):
         exc = ConflictError(f"Still used by {len(exc.protected_objects)} job(s); it is kept as their history.")
     return drf_exception_handler(exc, context)

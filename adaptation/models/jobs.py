@@ -83,7 +83,8 @@ class AdaptationJob(StatusTransitions):
     stages = models.JSONField(help_text="Stage kinds, run in this order.")
     parameters = models.JSONField(default=dict, blank=True)
     log = models.TextField(blank=True)
-    submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                     related_name="+")
     retry_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries")
 
     objects = AdaptationJobQuerySet.as_manager()

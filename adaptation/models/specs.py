@@ -26,7 +26,8 @@ class ModelSpec(models.Model):
     config = models.JSONField(help_text="The released config.json, as uploaded.")
     source_note = models.TextField(blank=True, help_text="Where the config came from (release, revision).")
     architecture = models.CharField(max_length=200, blank=True, editable=False)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
     created = models.DateTimeField(auto_now_add=True)
 
     objects = ModelSpecQuerySet.as_manager()
@@ -36,7 +37,7 @@ class ModelSpec(models.Model):
         constraints = [models.UniqueConstraint(fields=["team", "name"], name="model_name_unique_in_team")]
 
     def clean(self):
-        if not isinstance(self.config, dict):
+        if self.config is not None and not isinstance(self.config, dict):
             raise ValidationError({"config": "A config.json must be a JSON object ({...}), not a list or a single value."})
 
     def save(self, *args, **kwargs):

@@ -1,0 +1,157 @@
+"""Bad input gets a 400 (or 409) with a message per field, never a 500."""
+
+import json
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client
+
+from adaptation.models import AdaptationJob, ModelSpec
+
+
+def upload(content: bytes, name="config.json"):
+    return SimpleUploadedFile(name, content, content_type="application/json")
+
+
+def test_an_uploaded_config_json_becomes_a_model(member_api, team):
+    config = open("tests/data/deepseek-v3.json", "rb").read()
+    response = member_api.post("/api/models/", {"config_file": upload(config, "deepseek-v3.json")},
+                               format="multipart")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert (body["name"], body["architecture"], body["team"]) == ("deepseek-v3", "DeepseekV3ForCausalLM", "alpha")
+    assert ModelSpec.objects.get(pk=body["id"]).config["n_routed_experts"] == 256
+
+
+def test_a_config_can_also_be_posted_as_json(member_api, team):
+    response = member_api.post("/api/models/", {"name": "tiny", "config": {"model_type": "llama"}}, format="json")
+    assert response.status_code == 201
+    assert response.json()["architecture"] == "llama"
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"hidden_size": 4096,', "Not valid JSON"),
+    (b"[1, 2, 3]", "must be a JSON object"),
+    (b"\xff\xfe\x00", "not UTF-8"),
+])
+def test_a_malformed_config_file_is_a_field_error(member_api, team, content, message):
+    response = member_api.post("/api/models/", {"name": "m", "config_file": upload(content)}, format="multipart")
+    assert response.status_code == 400
+    assert message in response.json()["config_file"][0]
+
+
+def test_a_config_over_the_upload_limit_is_refused_with_its_size(member_api, team):
+    padding = "x" * (3 * 2**20)
+    response = member_api.post("/api/models/", {"name": "big", "config_file": upload(
+        json.dumps({"model_type": "llama", "padding": padding}).encode())}, format="multipart")
+    assert response.status_code == 400
+    assert response.json()["config_file"] == ["The file is 3.0 MiB; the limit for a config.json is 2.0 MiB."]
+    assert not ModelSpec.objects.exists()
+
+
+def test_a_json_body_over_the_limit_is_a_400(member_api, team):
+    response = member_api.post("/api/models/", {"name": "big", "config": {"padding": "x" * (3 * 2**20)}},
+                               format="json")
+    assert response.status_code == 400
+    assert "limit" in response.json()["detail"]
+
+
+def test_a_non_object_config_in_json_is_a_field_error(member_api, team):
+    response = member_api.post("/api/models/", {"name": "m", "config": [1, 2]}, format="json")
+    assert response.status_code == 400
+    assert "must be a JSON object" in response.json()["config"][0]
+
+
+def test_a_model_needs_a_config(member_api, team):
+    response = member_api.post("/api/models/", {"name": "m"}, format="json")
+    assert response.status_code == 400
+    assert "config_file" in response.json()["config"][0]
+
+
+def test_a_duplicate_model_name_in_the_team_is_a_400(member_api, model_spec):
+    response = member_api.post("/api/models/", {"name": model_spec.name, "config": {"model_type": "x"}},
+                               format="json")
+    assert response.status_code == 400
+    assert "already exists" in response.json()["non_field_errors"][0]
+
+
+def test_an_unknown_cluster_is_a_field_error(member_api, team):
+    response = member_api.post("/api/jobs/", {"cluster": 999999, "stages": ["env_probe"]}, format="json")
+    assert response.status_code == 400
+    assert response.json()["cluster"] == ['Invalid pk "999999" - object does not exist.']
+
+
+@pytest.mark.parametrize("payload, field", [
+    ({"stages": ["teleport"]}, "stages"),
+    ({"stages": []}, "stages"),
+    ({"stages": ["env_probe"], "parameters": [1]}, "parameters"),
+    ({"stages": ["env_probe", "env_probe"]}, "stages"),
+])
+def test_bad_job_fields_are_field_errors(member_api, cluster, payload, field):
+    response = member_api.post("/api/jobs/", {"cluster": cluster.pk, **payload}, format="json")
+    assert response.status_code == 400
+    assert field in response.json()
+    assert not AdaptationJob.objects.exists()
+
+
+def test_malformed_json_is_a_400(member_api, team):
+    response = member_api.generic("POST", "/api/jobs/", "{not json", content_type="application/json")
+    assert response.status_code == 400
+    assert "JSON parse error" in response.json()["detail"]
+
+
+def test_cancelling_a_finished_job_is_a_409(member_api, job):
+    job.start()
+    job.finish()
+    response = member_api.post(f"/api/jobs/{job.pk}/cancel/")
+    assert response.status_code == 409
+    assert response.json()["detail"] == f"Job {job.pk} is already succeeded; only a queued or running job can be cancelled."
+
+
+def test_retrying_a_running_job_is_a_409(member_api, job):
+    job.start()
+    assert member_api.post(f"/api/jobs/{job.pk}/retry/").status_code == 409
+
+
+def test_deleting_a_model_that_jobs_used_is_a_409(owner_api, job):
+    response = owner_api.delete(f"/api/models/{job.model_id}/")
+    assert response.status_code == 409
+    assert "kept as their history" in response.json()["detail"]
+
+
+def test_the_upload_page_shows_field_errors(member):
+    client = Client()
+    client.force_login(member)
+    response = client.post("/models/new/", {"name": "m", "config_file": upload(b"[]")})
+    assert response.status_code == 200
+    assert "must be a JSON object" in response.content.decode()
+    too_big = client.post("/models/new/", {"name": "m", "config_file": upload(b" " * (2 * 2**20 + 1))})
+    assert "the limit for a config.json is 2.0 MiB" in too_big.content.decode()
+
+
+def test_the_job_form_rejects_bad_parameters(member, cluster):
+    client = Client()
+    client.force_login(member)
+    response = client.post("/jobs/new/", {"cluster": cluster.pk, "stages": ["env_probe"], "parameters": "[1]"})
+    assert response.status_code == 200
+    assert "Parameters must be a JSON object" in response.content.decode()
+    assert not AdaptationJob.objects.exists()
+
+
+def test_the_job_form_submits_a_job(member, cluster, broker, django_capture_on_commit_callbacks):
+    client = Client()
+    client.force_login(member)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post("/jobs/new/", {"cluster": cluster.pk, "stages": ["env_probe"]})
+    job = AdaptationJob.objects.get()
+    assert response["Location"] == f"/jobs/{job.pk}/"
+    assert broker.names() == ["d0.control.dispatch_job"]
+
+
+def test_cancelling_a_finished_job_from_its_page_says_why(member, job):
+    job.start()
+    job.finish()
+    client = Client()
+    client.force_login(member)
+    response = client.post(f"/jobs/{job.pk}/cancel/", follow=True)
+    assert "only a queued or running job can be cancelled" in response.content.decode()

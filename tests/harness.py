@@ -1,0 +1,95 @@
+"""Real worker processes for tests: started on the real broker with their own queue names, waited on with
+deadlines (never fixed sleeps), and stopped — process group and all — even when the test fails."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_for(condition, timeout: float, what: str, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+class Processes:
+    """Starts processes in their own process groups, with their output in log files for failure reports."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.running: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, command: list[str], env: dict) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "wb")
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        self.running[name] = process
+        return process
+
+    def log(self, name: str) -> str:
+        path = self.log_dir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def kill(self, name: str, sig=signal.SIGKILL) -> None:
+        process = self.running.pop(name)
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            pass
+        process.wait(timeout=30)
+
+    def stop_all(self) -> None:
+        for name in list(self.running):
+            process = self.running[name]
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    pass
+            self.kill(name)
+
+
+class WorkerStack(Processes):
+    """A control-plane worker (with beat) and node workers, sharing the test process's database and broker."""
+
+    def __init__(self, log_dir: Path, database_url: str, broker_url: str, **settings):
+        super().__init__(log_dir)
+        self.prefix = f"d0test-{uuid.uuid4().hex[:8]}"
+        self.control_queue = f"{self.prefix}.control"
+        self.broker_url = broker_url
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": database_url,
+            "D0_BROKER_URL": broker_url,
+            "D0_CONTROL_QUEUE": self.control_queue,
+            "D0_VAR_DIR": str(log_dir),
+            **{key: str(value) for key, value in settings.items()},
+        }
+
+    def start_control(self) -> None:
+        self.start("control", [sys.executable, "-m", "celery", "-A", "d0web", "worker", "--beat",
+                               "--schedule", str(self.log_dir / "beat-schedule"), "--queues", self.control_queue,
+                               "--hostname", f"{self.prefix}-control@%h", "--concurrency", "2", "--loglevel",
+                               "info", "--without-gossip", "--without-mingle"], self.env)
+
+    def start_node(self, cluster_ref: str, hostname: str, heartbeat: float = 1.0) -> None:
+        self.start(f"node-{hostname}", [sys.executable, "-m", "workers.node", "--broker", self.broker_url,
+                                        "--cluster", cluster_ref, "--hostname", hostname,
+                                        "--heartbeat", str(heartbeat)], self.env)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {path.name}\n{path.read_text(errors='replace')[-4000:]}"
+                         for path in sorted(self.log_dir.glob("*.log")))

@@ -1,0 +1,94 @@
+"""Jobs through real Celery workers on real Redis and PostgreSQL: a control-plane worker and node workers."""
+
+import os
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from adaptation.models import AdaptationJob, Node
+from tests.harness import WorkerStack, wait_for
+
+pytestmark = [pytest.mark.workers, pytest.mark.django_db(transaction=True)]
+
+
+def database_url() -> str:
+    """The test database, as the worker processes must reach it."""
+    db = connection.settings_dict
+    credentials = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    return f"postgresql://{credentials}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@pytest.fixture
+def stack(tmp_path, monkeypatch, settings):
+    if connection.vendor != "postgresql" or not os.environ.get("REDIS_URL"):
+        pytest.skip("needs DATABASE_URL (PostgreSQL) and REDIS_URL, as scripts/test.sh sets")
+    stack = WorkerStack(tmp_path, database_url(), os.environ["REDIS_URL"],
+                        D0_NODE_TIMEOUT=4, D0_SWEEP_INTERVAL=1)
+    # This process enqueues jobs too: it must use the stack's queue names.
+    monkeypatch.setenv("D0_CONTROL_QUEUE", stack.control_queue)
+    stack.start_control()
+    try:
+        yield stack
+    except BaseException:
+        print(stack.logs())
+        raise
+    finally:
+        stack.stop_all()
+
+
+def node_online(hostname):
+    return lambda: Node.objects.filter(hostname=hostname, status="online").first()
+
+
+def job_status(job_id, *statuses):
+    return lambda: AdaptationJob.objects.filter(pk=job_id, status__in=statuses).first()
+
+
+def test_a_job_submitted_through_the_api_runs_on_a_real_node_worker(stack, cluster, member_api):
+    stack.start_node("alpha/h100-pod", "worker-a")
+    node = wait_for(node_online("worker-a"), 60, "node registration", )
+    assert node.devices.filter(kind="cpu").exists()
+
+    response = member_api.post("/api/jobs/", {"cluster": cluster.pk, "stages": ["env_probe"]}, format="json")
+    assert response.status_code == 201, response.json()
+    job = wait_for(job_status(response.json()["id"], "succeeded", "failed"), 60, "the job to finish")
+
+    assert job.status == "succeeded", job.error
+    run = job.stage_runs.get()
+    assert (run.node_name, run.status) == ("worker-a", "succeeded")
+    assert run.result["devices"][0]["kind"] == "cpu"
+    assert run.result["host"]["cpu_cores_logical"] >= 1
+    detail = member_api.get(f"/api/jobs/{job.pk}/").json()
+    assert detail["stage_runs"][0]["result"]["software"]["torch"].startswith("2.13")
+
+
+def test_a_killed_node_goes_offline_and_its_job_fails_with_a_clear_error(stack, cluster, member_api):
+    stack.start_node("alpha/h100-pod", "worker-b", heartbeat=0.5)
+    node = wait_for(node_online("worker-b"), 60, "node registration")
+    stack.kill("node-worker-b")  # SIGKILL: no goodbye message, only silence
+
+    response = member_api.post("/api/jobs/", {"cluster": cluster.pk, "stages": ["env_probe"]}, format="json")
+    job = wait_for(job_status(response.json()["id"], "failed", "succeeded"), 30, "the job to fail")
+
+    node.refresh_from_db()
+    assert node.status == "offline"
+    assert timezone.now() - node.last_heartbeat > timezone.timedelta(seconds=4)
+    assert job.status == "failed"
+    assert job.error.startswith("Node worker-b went offline (no heartbeat since")
+    assert job.stage_runs.get().status == "failed"
+
+
+def test_cancel_through_the_api_ends_a_running_job_cancelled(stack, cluster, member_api):
+    # No node worker runs for this cluster's node, so its stage waits in the node's queue until cancelled.
+    Node.objects.create(cluster=cluster, hostname="idle", queue_name=f"{stack.prefix}.idle",
+                        last_heartbeat=timezone.now() + timezone.timedelta(hours=1))
+    response = member_api.post("/api/jobs/", {"cluster": cluster.pk, "stages": ["env_probe"]}, format="json")
+    job = wait_for(job_status(response.json()["id"], "running"), 30, "the job to be dispatched")
+    cancelled = member_api.post(f"/api/jobs/{job.pk}/cancel/")
+    assert cancelled.status_code == 200
+    assert cancelled.json()["status"] == "cancelled"
+    assert cancelled.json()["stage_runs"][0]["status"] == "cancelled"
+    assert member_api.post(f"/api/jobs/{job.pk}/cancel/").status_code == 409
+    retried = member_api.post(f"/api/jobs/{job.pk}/retry/")
+    assert retried.status_code == 201 and retried.json()["retry_of"] == job.pk

@@ -1,0 +1,77 @@
+"""The README's run command on a fresh var/ folder: SQLite and the filesystem broker, no external service,
+real Celery worker processes (not eager mode). A job goes through it over HTTP, then it stops cleanly."""
+
+import json
+import os
+import signal
+import socket
+import sys
+import urllib.request
+
+import psutil
+import pytest
+
+from tests.harness import Processes, wait_for
+
+pytestmark = pytest.mark.workers
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def call(url, data=None, token=None):
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Token {token}"
+    request = urllib.request.Request(url, data=json.dumps(data).encode() if data else None, headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+def quietly(function):
+    def attempt():
+        try:
+            return function()
+        except OSError:
+            return None
+    return attempt
+
+
+def test_the_run_command_serves_d0_and_runs_a_job_with_no_external_services(tmp_path):
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("DATABASE_URL", "REDIS_URL", "D0_BROKER_URL", "D0_CONTROL_QUEUE")}
+    env.update(D0_VAR_DIR=str(tmp_path / "var"), D0_HEARTBEAT_INTERVAL="1")
+    base = f"http://127.0.0.1:{free_port()}"
+    processes = Processes(tmp_path)
+    up = processes.start("up", [sys.executable, "manage.py", "up", "--bind", base.removeprefix("http://"),
+                                "--web-workers", "1"], env)
+    try:
+        status = wait_for(quietly(lambda: (s := call(f"{base}/api/status/"))["workers"]["node"] and s), 120,
+                          "web, control worker and node worker to come up")
+        assert status == {"database": "ok", "broker": "ok", "workers": {"control": 1, "node": 1}}
+        username, password = (tmp_path / "var" / "demo-credentials.txt").read_text().split()
+        request = urllib.request.Request(f"{base}/api/token/", data=f"username={username}&password={password}".encode())
+        with urllib.request.urlopen(request, timeout=10) as response:
+            token = json.load(response)["token"]
+        cluster = call(f"{base}/api/clusters/", token=token)["results"][0]
+        assert (cluster["name"], cluster["join_name"], cluster["nodes_online"]) == ("local", "demo/local", 1)
+
+        job = call(f"{base}/api/jobs/", {"cluster": cluster["id"], "stages": ["env_probe"]}, token=token)
+        done = wait_for(lambda: (j := call(f"{base}/api/jobs/{job['id']}/", token=token))["status"]
+                        in ("succeeded", "failed") and j, 60, "the job to finish")
+        assert done["status"] == "succeeded", done["log"]
+        assert done["stage_runs"][0]["result"]["devices"][0]["kind"] == "cpu"
+        assert (tmp_path / "var" / "d0.sqlite3").exists()
+    except BaseException:
+        print(processes.log("up"))
+        raise
+    finally:
+        children = psutil.Process(up.pid).children(recursive=True)
+        os.kill(up.pid, signal.SIGTERM)
+        up.wait(timeout=30)
+        processes.running.clear()
+    gone, alive = psutil.wait_procs(children, timeout=20)
+    assert alive == [], f"processes left behind: {alive}"

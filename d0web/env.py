@@ -65,7 +65,7 @@ def database_from_url(url: str) -> dict:
             "PASSWORD": unquote(parsed.password or ""),
             "HOST": parsed.hostname or "",
             "PORT": str(parsed.port or ""),
-            "CONN_MAX_AGE": 60,
+            "CONN_MAX_AGE": env_int("D0_DB_CONN_MAX_AGE", 60),
             "CONN_HEALTH_CHECKS": True,
         }
     if parsed.scheme == "sqlite":

@@ -1,0 +1,64 @@
+"""In headless Chromium (Debian's, driven by Playwright): log in, submit a job with the form, watch it succeed."""
+
+import os
+import shutil
+
+import pytest
+from django.db import connections
+
+from adaptation.models import AdaptationJob
+from tests.harness import wait_for
+from tests.test_workers import node_online, stack  # noqa: F401 - the same real-worker fixture
+
+pytestmark = [pytest.mark.browser, pytest.mark.workers, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-quic"]
+
+
+@pytest.fixture
+def page(monkeypatch):
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed (scripts/ensure-services.sh installs it)")
+    # Playwright's sync API runs an event loop in this thread; the ORM calls of the test itself are safe.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield browser.new_page()
+        finally:
+            browser.close()
+            # While Playwright's loop runs, Django keeps this thread's connections apart from the usual ones;
+            # close those here, or they outlive the test and block dropping the test database.
+            connections.close_all()
+
+
+def test_a_member_logs_in_submits_a_job_and_sees_it_succeed(stack, live_server, cluster, member, page):  # noqa: F811
+    stack.start_node("alpha/h100-pod", "browser-node")
+    wait_for(node_online("browser-node"), 60, "node registration")
+
+    page.goto(f"{live_server.url}/jobs/new/")
+    assert "/login/" in page.url
+    page.fill("#id_username", "bob")
+    page.fill("#id_password", "a-long-test-password")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/jobs/new/")
+
+    page.select_option("#id_cluster", str(cluster.pk))
+    page.check("input[name=stages][value=env_probe]")
+    page.click("form.stacked button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/jobs/*/")
+
+    status = page.locator("#job-status")
+    status.filter(has_text="Succeeded").wait_for(timeout=60_000)
+    assert page.locator("#stage-rows tr td").first.inner_text() == "env_probe"
+    assert "succeeded" in page.locator("#job-log").inner_text()
+    assert page.locator("#retry-form").is_visible()
+    job = AdaptationJob.objects.get()
+    assert (job.status, job.submitted_by, job.progress) == ("succeeded", member, 1.0)
+    if os.environ.get("D0_SCREENSHOTS"):
+        page.screenshot(path=os.path.join(os.environ["D0_SCREENSHOTS"], "job-detail.png"), full_page=True)
+

@@ -154,6 +154,13 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {
+        "InterconnectKindEnum": "adaptation.choices.InterconnectKind",
+        "DeviceKindEnum": "adaptation.choices.DeviceKind",
+        "NodeStatusEnum": "adaptation.choices.NodeStatus",
+        "JobStatusEnum": "adaptation.choices.JobStatus",
+        "StageKindEnum": "adaptation.choices.StageKind",
+    },
 }
 
 # Celery (read by d0web/celery.py with the CELERY_ namespace).

@@ -29,7 +29,8 @@ from .engine.stages import run_stage as run_engine_stage
 
 logger = logging.getLogger("d0.node")
 
-app = Celery("d0node")
+# No fixups: Celery's Django fixup would import Django whenever DJANGO_SETTINGS_MODULE is set in the node's env.
+app = Celery("d0node", fixups=[])
 
 # Long GPU work: hours, not Celery's defaults. A stage past the soft limit is reported as failed.
 STAGE_SOFT_TIME_LIMIT = int(os.environ.get("D0_STAGE_SOFT_TIME_LIMIT", 6 * 3600))

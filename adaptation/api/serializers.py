@@ -141,6 +141,13 @@ class StageRunSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class StageRunListSerializer(StageRunSerializer):
+    """The list leaves out results and tracebacks; fetch one stage run for them."""
+
+    class Meta(StageRunSerializer.Meta):
+        fields = [name for name in StageRunSerializer.Meta.fields if name not in ("result", "error_traceback")]
+
+
 class JobSerializer(serializers.ModelSerializer):
     cluster = TeamScopedRelatedField(queryset=Cluster.objects.all())
     model = TeamScopedRelatedField(queryset=ModelSpec.objects.all(), required=False, allow_null=True)

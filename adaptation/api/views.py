@@ -151,14 +151,16 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
 
 class StageRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
     queryset = StageRun.objects.all()
-    serializer_class = serializers.StageRunSerializer
     filterset_class = filtersets.StageRunFilterSet
     ordering_fields = ["created", "status"]
     ordering = ["-id"]
 
+    def get_serializer_class(self):
+        return serializers.StageRunListSerializer if self.action == "list" else serializers.StageRunSerializer
+
     def get_queryset(self):
         queryset = super().get_queryset()
-        return queryset.defer("result") if self.action == "list" else queryset
+        return queryset.defer("result", "error_traceback") if self.action == "list" else queryset
 
 
 class StatusView(APIView):

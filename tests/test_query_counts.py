@@ -1,0 +1,93 @@
+"""List pages and list endpoints run a fixed number of queries, whatever the number of rows."""
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from adaptation.models import AdaptationJob, Cluster, Device, Link, ModelSpec, Node, StageRun
+
+
+def add_rows(team, user, count):
+    """``count`` of every kind of row, each pointing at distinct parents so N+1 patterns would show."""
+    for i in range(count):
+        cluster = Cluster.objects.create(team=team, name=f"c{i}-{Cluster.objects.count()}")
+        node = Node.objects.create(cluster=cluster, hostname=f"n{i}", queue_name=f"q-{cluster.name}",
+                                   last_heartbeat=timezone.now())
+        device = Device.objects.create(node=node, index=0, kind="cpu", name="cpu")
+        Device.objects.create(node=node, index=1, kind="cpu", name="cpu")
+        Link.objects.create(cluster=cluster, kind="loopback", source_device=device, target_device=device)
+        spec = ModelSpec.objects.create(team=team, name=f"m-{cluster.name}", config={"model_type": "llama"},
+                                        created_by=user)
+        job = AdaptationJob.objects.create(team=team, cluster=cluster, model=spec, stages=["env_probe"],
+                                           submitted_by=user)
+        StageRun.objects.create(job=job, kind="env_probe", node=node, node_name=node.hostname)
+
+
+def queries_for(fetch) -> int:
+    with CaptureQueriesContext(connection) as captured:
+        response = fetch()
+    assert response.status_code == 200
+    return len(captured)
+
+
+API_LISTS = {
+    # Each: COUNT(*) for the paginator, then one SELECT of the page (scoped by a join to the user's
+    # memberships, related rows joined in, cluster node counts as annotations).
+    "/api/clusters/": 2,
+    "/api/nodes/": 2,
+    "/api/devices/": 2,
+    "/api/links/": 2,
+    "/api/models/": 2,
+    "/api/jobs/": 2,
+    "/api/stage-runs/": 2,
+}
+
+PAGES = {
+    # Every page starts with 2: the session row and the user row.
+    # Dashboard: clusters with annotated node counts, running jobs, recent jobs.
+    "/": 2 + 3,
+    # Clusters: the annotated cluster list.
+    "/clusters/": 2 + 1,
+    # Models: paginator COUNT(*) and the page.
+    "/models/": 2 + 2,
+    # Jobs: the filter form's cluster and model choices, paginator COUNT(*) and the page.
+    "/jobs/": 2 + 4,
+}
+
+
+@pytest.mark.parametrize("url, expected", API_LISTS.items())
+def test_list_endpoints_run_a_fixed_number_of_queries(url, expected, owner, team, owner_api):
+    add_rows(team, owner, 1)
+    assert queries_for(lambda: owner_api.get(url)) == expected
+    add_rows(team, owner, 6)
+    assert queries_for(lambda: owner_api.get(url)) == expected
+
+
+@pytest.mark.parametrize("url, expected", PAGES.items())
+def test_list_pages_run_a_fixed_number_of_queries(url, expected, owner, team):
+    client = Client()
+    client.force_login(owner)
+    add_rows(team, owner, 1)
+    assert queries_for(lambda: client.get(url)) == expected
+    add_rows(team, owner, 6)
+    assert queries_for(lambda: client.get(url)) == expected
+
+
+def test_the_cluster_page_runs_a_fixed_number_of_queries_whatever_its_node_count(owner, team):
+    client = Client()
+    client.force_login(owner)
+    cluster = Cluster.objects.create(team=team, name="big")
+
+    def grow(count):
+        for i in range(count):
+            node = Node.objects.create(cluster=cluster, hostname=f"n{Node.objects.count()}",
+                                       queue_name=f"q{Node.objects.count()}")
+            Device.objects.create(node=node, index=0, kind="cuda", name="H100")
+
+    # Session, user, cluster, admin check, nodes, their devices (one prefetch), the cluster's recent jobs.
+    grow(1)
+    assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/")) == 7
+    grow(8)
+    assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/")) == 7

@@ -17,6 +17,15 @@ class TeamAdmin(admin.ModelAdmin):
     inlines = [MembershipInline]
 
 
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ["user", "team", "role"]
+    list_filter = ["role", "team"]
+    search_fields = ["user__username", "team__name"]
+    list_select_related = ["user", "team"]
+    autocomplete_fields = ["user", "team"]
+
+
 class NodeInline(admin.TabularInline):
     model = Node
     extra = 0

@@ -78,8 +78,8 @@ class JobForm(TeamChoiceMixin, forms.Form):
         super().__init__(*args, **kwargs)
         self.scope(user)
         clusters = self.fields["cluster"].queryset
-        if clusters.count() == 1:
-            self.fields["cluster"].initial = clusters.first()
+        if "cluster" not in self.initial and clusters.count() == 1:
+            self.initial["cluster"] = clusters.first()
 
     def clean_parameters(self):
         raw = self.cleaned_data["parameters"].strip()

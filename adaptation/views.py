@@ -116,7 +116,8 @@ def job_list(request):
 
 @login_required
 def job_create(request):
-    form = JobForm(request.POST or None, user=request.user)
+    # The cluster and model pages link here with ?cluster= / ?model= to preselect them.
+    form = JobForm(request.POST or None, user=request.user, initial=request.GET.dict())
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:

@@ -155,3 +155,22 @@ def test_cancelling_a_finished_job_from_its_page_says_why(member, job):
     client.force_login(member)
     response = client.post(f"/jobs/{job.pk}/cancel/", follow=True)
     assert "only a queued or running job can be cancelled" in response.content.decode()
+
+
+def test_retry_from_the_job_page_opens_the_new_job(member, job, broker, django_capture_on_commit_callbacks):
+    job.start()
+    job.fail("node lost")
+    client = Client()
+    client.force_login(member)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(f"/jobs/{job.pk}/retry/")
+    again = AdaptationJob.objects.get(retry_of=job)
+    assert response["Location"] == f"/jobs/{again.pk}/"
+    assert broker.names() == ["d0.control.dispatch_job"]
+
+
+def test_the_job_form_preselects_the_cluster_it_was_opened_from(member, cluster):
+    client = Client()
+    client.force_login(member)
+    body = client.get(f"/jobs/new/?cluster={cluster.pk}").content.decode()
+    assert f'<option value="{cluster.pk}" selected>' in body

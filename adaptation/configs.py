@@ -34,10 +34,10 @@ def check_config(config) -> dict:
     return config
 
 
-def default_name(config: dict, filename: str = "") -> str:
-    """A model name when none is given: the config's ``_name_or_path``, else the file name without .json."""
-    name = config.get("_name_or_path")
-    if isinstance(name, str) and name.strip():
-        return name.strip()[:200]
-    stem = filename.rsplit("/", 1)[-1].removesuffix(".json")
-    return stem if stem and stem != "config" else ""
+def model_name(given: str, config: dict, filename: str = "") -> str:
+    """The name given, else the config's ``_name_or_path``, else the uploaded file's name without .json."""
+    candidates = [given, config.get("_name_or_path"), filename.rsplit("/", 1)[-1].removesuffix(".json")]
+    for candidate in candidates:
+        if isinstance(candidate, str) and candidate.strip() and candidate.strip() != "config":
+            return candidate.strip()[:200]
+    raise ValidationError("Give the model a name (the config has no _name_or_path).")

@@ -3,8 +3,8 @@ import json
 from django import forms
 from django.core.exceptions import ValidationError
 
-from .choices import StageKind
-from .configs import default_name, read_config_upload
+from .choices import StageKind, TeamRole
+from .configs import model_name, read_config_upload
 from .models import Cluster, ModelSpec, Team
 
 
@@ -12,7 +12,7 @@ class TeamChoiceMixin:
     """Limits every team-owned choice of a form to the user's teams."""
 
     def scope(self, user):
-        for name, field in self.fields.items():
+        for field in self.fields.values():
             if isinstance(field, forms.ModelChoiceField):
                 field.queryset = field.queryset.model.objects.for_user(user)
         if "team" in self.fields and self.fields["team"].queryset.count() == 1:
@@ -26,7 +26,7 @@ class ClusterForm(TeamChoiceMixin, forms.ModelForm):
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["team"].queryset = Team.objects.for_user(user).filter(memberships__role="admin")
+        self.fields["team"].queryset = Team.objects.for_user(user).filter(memberships__role=TeamRole.ADMIN)
         if self.fields["team"].queryset.count() == 1:
             self.fields["team"].initial = self.fields["team"].queryset.first()
 
@@ -51,11 +51,12 @@ class ModelSpecForm(TeamChoiceMixin, forms.ModelForm):
 
     def clean(self):
         cleaned = super().clean()
-        if not cleaned.get("name") and self.instance.config:
-            cleaned["name"] = default_name(self.instance.config, getattr(cleaned.get("config_file"), "name", ""))
-            self.instance.name = cleaned["name"]
-            if not cleaned["name"]:
-                self.add_error("name", "Give the model a name (the config has no _name_or_path).")
+        if self.instance.config:
+            try:
+                cleaned["name"] = model_name(cleaned.get("name", ""), self.instance.config,
+                                             getattr(cleaned.get("config_file"), "name", ""))
+            except ValidationError as error:
+                self.add_error("name", error)
         return cleaned
 
     def _update_errors(self, errors):
@@ -88,7 +89,7 @@ class JobForm(TeamChoiceMixin, forms.Form):
         try:
             value = json.loads(raw)
         except json.JSONDecodeError as error:
-            raise ValidationError(f"Not valid JSON: {error.msg} (line {error.lineno}, column {error.colno}).")
+            raise ValidationError(f"Not valid JSON: {error.msg} (line {error.lineno}, column {error.colno}).") from None
         if not isinstance(value, dict):
             raise ValidationError("Parameters must be a JSON object ({...}).")
         return value

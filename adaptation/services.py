@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from workers import protocol
 
-from .choices import ACTIVE_STATUSES, JobStatus, NodeStatus
+from .choices import ACTIVE_STATUSES, JobStatus, NodeStatus, TeamRole
 from .models import AdaptationJob, Cluster, Device, ModelSpec, Node, StageRun, Team
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def default_team(user) -> Team | None:
 
 
 def is_team_admin(user, team: Team) -> bool:
-    return team.memberships.filter(user=user, role="admin").exists()
+    return team.memberships.filter(user=user, role=TeamRole.ADMIN).exists()
 
 
 # --- jobs -----------------------------------------------------------------------------------------------

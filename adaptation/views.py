@@ -15,7 +15,7 @@ from . import services
 from .choices import ACTIVE_STATUSES, STATUS_COLOURS, NodeStatus
 from .filtersets import JobFilterSet
 from .forms import ClusterForm, JobForm, ModelSpecForm
-from .models import AdaptationJob, Cluster, Device, ModelSpec, Node, StageRun
+from .models import AdaptationJob, Cluster, Device, ModelSpec, StageRun
 
 PAGE_SIZE = 25
 

@@ -45,8 +45,8 @@ def measure(broker_url: str | None, jobs: int) -> list[float]:
             for _ in range(jobs + 1):  # the first job warms the worker processes up and is not counted
                 started = time.perf_counter()
                 job = call(f"{base}/api/jobs/", {"cluster": cluster, "stages": ["env_probe"]}, token=token)
-                wait_for(lambda: call(f"{base}/api/jobs/{job['id']}/", token=token)["status"] == "succeeded",
-                         60, "the job", interval=0.02)
+                url = f"{base}/api/jobs/{job['id']}/"
+                wait_for(lambda url=url: call(url, token=token)["status"] == "succeeded", 60, "the job", interval=0.02)
                 latencies.append(time.perf_counter() - started)
             return latencies[1:]
         finally:

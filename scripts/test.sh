@@ -8,4 +8,5 @@ export REDIS_URL="${D0_TEST_REDIS_URL:-redis://127.0.0.1:6379/15}"
 export D0_VAR_DIR="${D0_VAR_DIR:-$(mktemp -d)}"
 # The workers tests use queue names of their own; clear what an interrupted earlier run left in the test DB.
 redis-cli -u "$REDIS_URL" flushdb >/dev/null
+.venv/bin/ruff check --quiet .
 exec .venv/bin/python -m pytest "$@"

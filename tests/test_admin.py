@@ -16,7 +16,8 @@ def superuser_client(django_user_model):
     return client
 
 
-@pytest.mark.parametrize("model", [Team, Membership, Cluster, Node, Device, Link, ModelSpec, AdaptationJob, StageRun])
+@pytest.mark.parametrize("model",
+                         [Team, Membership, Cluster, Node, Device, Link, ModelSpec, AdaptationJob, StageRun])
 def test_every_model_has_an_admin_list_and_add_page(model, superuser_client, job):
     base = f"/admin/adaptation/{model._meta.model_name}/"
     assert superuser_client.get(base).status_code == 200
@@ -24,7 +25,8 @@ def test_every_model_has_an_admin_list_and_add_page(model, superuser_client, job
 
 
 def test_the_admin_can_drain_a_node(superuser_client, node):
-    response = superuser_client.post("/admin/adaptation/node/", {"action": "drain_nodes", "_selected_action": [node.pk]})
+    response = superuser_client.post("/admin/adaptation/node/",
+                                     {"action": "drain_nodes", "_selected_action": [node.pk]})
     assert response.status_code == 302
     node.refresh_from_db()
     assert node.status == "draining"

@@ -105,7 +105,8 @@ def test_cancelling_a_finished_job_is_a_409(member_api, job):
     job.finish()
     response = member_api.post(f"/api/jobs/{job.pk}/cancel/")
     assert response.status_code == 409
-    assert response.json()["detail"] == f"Job {job.pk} is already succeeded; only a queued or running job can be cancelled."
+    assert response.json()["detail"] == (
+        f"Job {job.pk} is already succeeded; only a queued or running job can be cancelled.")
 
 
 def test_retrying_a_running_job_is_a_409(member_api, job):

@@ -81,7 +81,7 @@ def test_the_cluster_page_runs_a_fixed_number_of_queries_whatever_its_node_count
     cluster = Cluster.objects.create(team=team, name="big")
 
     def grow(count):
-        for i in range(count):
+        for _ in range(count):
             node = Node.objects.create(cluster=cluster, hostname=f"n{Node.objects.count()}",
                                        queue_name=f"q{Node.objects.count()}")
             Device.objects.create(node=node, index=0, kind="cuda", name="H100")

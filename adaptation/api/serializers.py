@@ -3,7 +3,7 @@ from rest_framework import serializers
 
 from .. import services
 from ..choices import StageKind
-from ..configs import check_config, default_name, read_config_upload
+from ..configs import check_config, model_name, read_config_upload
 from ..models import AdaptationJob, Cluster, Device, Link, ModelSpec, Node, StageRun, Team
 from .errors import as_drf_validation_error
 
@@ -119,10 +119,11 @@ class ModelSpecSerializer(ValidatedModelSerializer):
         except DjangoValidationError as error:
             field = "config_file" if upload is not None else "config"
             raise serializers.ValidationError({field: error.messages}) from None
-        if not attrs.get("name") and self.instance is None:
-            attrs["name"] = default_name(attrs["config"], getattr(upload, "name", ""))
-            if not attrs["name"]:
-                raise serializers.ValidationError({"name": ["Give the model a name (the config has no _name_or_path)."]})
+        if self.instance is None:
+            try:
+                attrs["name"] = model_name(attrs.get("name", ""), attrs["config"], getattr(upload, "name", ""))
+            except DjangoValidationError as error:
+                raise serializers.ValidationError({"name": error.messages}) from None
         return super().validate(attrs)
 
 

@@ -108,5 +108,6 @@ class Link(models.Model):
             raise ValidationError("A link joins either two devices or two nodes.")
 
     def __str__(self):
-        ends = (self.source_device, self.target_device) if self.source_device_id else (self.source_node, self.target_node)
-        return f"{self.get_kind_display()}: {ends[0]} ↔ {ends[1]}"
+        source, target = (self.source_device, self.target_device) if self.source_device_id else (
+            self.source_node, self.target_node)
+        return f"{self.get_kind_display()}: {source} ↔ {target}"

@@ -104,7 +104,8 @@ class AdaptationJob(StatusTransitions):
         else:
             unknown = [kind for kind in stages if kind not in StageKind.values]
             if unknown:
-                errors["stages"] = f"Unknown stage kind(s): {', '.join(map(str, unknown))}. Known: {', '.join(StageKind.values)}."
+                errors["stages"] = (f"Unknown stage kind(s): {', '.join(map(str, unknown))}. "
+                                    f"Known: {', '.join(StageKind.values)}.")
             elif len(set(stages)) != len(stages):
                 errors["stages"] = "Each stage can appear only once."
         if not isinstance(self.parameters, dict):

@@ -38,7 +38,7 @@ class ModelSpec(models.Model):
 
     def clean(self):
         if self.config is not None and not isinstance(self.config, dict):
-            raise ValidationError({"config": "A config.json must be a JSON object ({...}), not a list or a single value."})
+            raise ValidationError({"config": "A config.json must be a JSON object ({...}), not a single value."})
 
     def save(self, *args, **kwargs):
         self.architecture = architecture_of(self.config)

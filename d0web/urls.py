@@ -9,3 +9,6 @@ urlpatterns = [
     path("api/", include("adaptation.api.urls")),
     path("", include("adaptation.urls")),
 ]
+
+handler404 = "adaptation.api.errors.not_found"
+handler500 = "adaptation.api.errors.server_error"

@@ -175,3 +175,9 @@ def test_the_job_form_preselects_the_cluster_it_was_opened_from(member, cluster)
     client.force_login(member)
     body = client.get(f"/jobs/new/?cluster={cluster.pk}").content.decode()
     assert f'<option value="{cluster.pk}" selected>' in body
+
+
+def test_an_unknown_api_url_is_a_json_404(member_api):
+    response = member_api.get("/api/no-such-thing/")
+    assert response.status_code == 404
+    assert response.json() == {"detail": "Not found."}

@@ -4,6 +4,8 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import ProtectedError
+from django.http import JsonResponse
+from django.views import defaults
 from rest_framework import status
 from rest_framework.exceptions import APIException, ParseError, ValidationError
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -21,6 +23,19 @@ def as_drf_validation_error(error: DjangoValidationError) -> ValidationError:
         detail = {("non_field_errors" if key == "__all__" else key): value for key, value in error.message_dict.items()}
         return ValidationError(detail)
     return ValidationError({"non_field_errors": error.messages})
+
+
+def not_found(request, exception):
+    """404 for any URL: JSON under /api/ (scripts parse it), the usual page elsewhere."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "Not found."}, status=404)
+    return defaults.page_not_found(request, exception)
+
+
+def server_error(request):
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "Server error; the administrators can find it in the logs."}, status=500)
+    return defaults.server_error(request)
 
 
 def exception_handler(exc, context):

@@ -1,6 +1,7 @@
 """Filters shared by the HTML list pages and the API (NetBox's filtersets.py)."""
 
 import django_filters
+from django import forms
 
 from .choices import DeviceKind, JobStatus, NodeStatus
 from .models import AdaptationJob, Cluster, Device, Link, ModelSpec, Node, StageRun
@@ -47,7 +48,7 @@ class ModelSpecFilterSet(django_filters.FilterSet):
 
 
 class JobFilterSet(django_filters.FilterSet):
-    status = django_filters.MultipleChoiceFilter(choices=JobStatus.choices)
+    status = django_filters.MultipleChoiceFilter(choices=JobStatus.choices, widget=forms.CheckboxSelectMultiple)
     stage = django_filters.CharFilter(field_name="stages", lookup_expr="icontains", label="Stage")
 
     class Meta:

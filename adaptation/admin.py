@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import AdaptationJob, Cluster, Device, Link, Membership, ModelSpec, Node, StageRun, Team
+from .models import AdaptationJob, Cluster, Device, EnvReport, Link, Membership, ModelSpec, Node, StageRun, Team
 
 
 class MembershipInline(admin.TabularInline):
@@ -114,3 +114,11 @@ class StageRunAdmin(admin.ModelAdmin):
     list_filter = ["status", "kind"]
     readonly_fields = ["status", "progress", "started", "finished", "error", "error_traceback", "result",
                        "celery_task_id"]
+
+
+@admin.register(EnvReport)
+class EnvReportAdmin(admin.ModelAdmin):
+    list_display = ["id", "node", "verdict", "created", "job"]
+    list_filter = ["verdict", "node__cluster"]
+    list_select_related = ["node__cluster", "job"]
+    readonly_fields = ["node", "job", "stage_run", "created", "verdict", "report"]

@@ -43,6 +43,12 @@ class JobStatus(models.TextChoices):
     CANCELLED = "cancelled", "Cancelled"
 
 
+class CheckVerdict(models.TextChoices):
+    PASS = "pass", "Pass"
+    WARN = "warn", "Warn"
+    FAIL = "fail", "Fail"
+
+
 TERMINAL_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
 ACTIVE_STATUSES = frozenset({JobStatus.QUEUED, JobStatus.RUNNING})
 
@@ -55,6 +61,9 @@ STATUS_COLOURS = {
     NodeStatus.ONLINE: "green",
     NodeStatus.OFFLINE: "red",
     NodeStatus.DRAINING: "orange",
+    CheckVerdict.PASS: "green",
+    CheckVerdict.WARN: "orange",
+    CheckVerdict.FAIL: "red",
 }
 
 # Stage kinds are defined by the engine (what a node can run); the database only names them.

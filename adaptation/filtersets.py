@@ -3,8 +3,8 @@
 import django_filters
 from django import forms
 
-from .choices import DeviceKind, JobStatus, NodeStatus
-from .models import AdaptationJob, Cluster, Device, Link, ModelSpec, Node, StageRun
+from .choices import CheckVerdict, DeviceKind, JobStatus, NodeStatus
+from .models import AdaptationJob, Cluster, Device, EnvReport, Link, ModelSpec, Node, StageRun
 
 
 class ClusterFilterSet(django_filters.FilterSet):
@@ -62,3 +62,12 @@ class StageRunFilterSet(django_filters.FilterSet):
     class Meta:
         model = StageRun
         fields = ["job", "kind", "status", "node"]
+
+
+class EnvReportFilterSet(django_filters.FilterSet):
+    verdict = django_filters.ChoiceFilter(choices=CheckVerdict.choices)
+    cluster = django_filters.NumberFilter(field_name="node__cluster")
+
+    class Meta:
+        model = EnvReport
+        fields = ["node", "cluster", "job", "verdict"]

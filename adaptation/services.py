@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from workers import protocol
 
+from . import preflight, stage_results
 from .choices import ACTIVE_STATUSES, JobStatus, NodeStatus, TeamRole
 from .models import AdaptationJob, Cluster, Device, ModelSpec, Node, StageRun, Team
 
@@ -164,13 +165,29 @@ def advance_job(job_id: int) -> None:
         _fail_job(job, f"No online node in cluster '{job.cluster.name}' can run stage {kind}. Start a node worker "
                        f"(see the cluster page) or wait for a node to come back online.")
         return
+    refused = preflight.refusals(kind, nodes)
+    for reason in refused.values():
+        job.append_log(f"pre-flight gate: {reason}")
+    nodes = [node for node in nodes if node.pk not in refused]
+    if not nodes:
+        _fail_job(job, f"The pre-flight gate refused every node for stage {kind}: " + "; ".join(refused.values()))
+        return
+    params = stage_parameters(job, kind)
     for node in nodes:
         run = StageRun.objects.create(
             job=job, kind=kind, node=node, node_name=node.hostname, celery_task_id=str(uuid.uuid4())
         )
         job.append_log(f"stage {kind} queued on {node.hostname}")
-        _send_on_commit(protocol.RUN_STAGE, [run.pk, kind, job.parameters], node.queue_name, run.celery_task_id)
+        _send_on_commit(protocol.RUN_STAGE, [run.pk, kind, params], node.queue_name, run.celery_task_id)
     _update_job_progress(job, [*runs, *job.stage_runs.filter(kind=kind)])
+
+
+def stage_parameters(job: AdaptationJob, kind: str) -> dict:
+    """What a node's stage gets: the job's parameters plus what the control plane knows about the cluster."""
+    params = dict(job.parameters)
+    if kind == "env_check":
+        params.setdefault("expected_devices_per_node", job.cluster.expected_devices_per_node)
+    return params
 
 
 def _update_job_progress(job: AdaptationJob, runs: list[StageRun]) -> None:
@@ -206,7 +223,9 @@ def record_stage_finished(stage_run_id: int, ok: bool, result, error: str, trace
         return  # cancelled, or failed by the node sweep: a late report never overwrites that
     job = run.job
     if ok:
-        job.append_log(f"stage {run.kind} succeeded on {run.node_name} in {run.duration_seconds or 0:.1f}s")
+        stage_results.store(run)
+        job.append_log(f"stage {run.kind} succeeded on {run.node_name} in {run.duration_seconds or 0:.1f}s"
+                       + _verdict_note(result))
         advance_job(job.pk)
     else:
         with transaction.atomic():
@@ -214,6 +233,13 @@ def record_stage_finished(stage_run_id: int, ok: bool, result, error: str, trace
 
 
 # --- nodes ----------------------------------------------------------------------------------------------
+
+
+def _verdict_note(result) -> str:
+    if not isinstance(result, dict) or "verdict" not in result:
+        return ""
+    worst = [check["message"] for check in result.get("checks", []) if check.get("status") == result["verdict"]]
+    return f": {result['verdict'].upper()}" + (f" ({worst[0]})" if worst and result["verdict"] != "pass" else "")
 
 
 def resolve_cluster(reference: str) -> Cluster:

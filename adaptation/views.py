@@ -15,7 +15,8 @@ from . import services
 from .choices import ACTIVE_STATUSES, STATUS_COLOURS, NodeStatus
 from .filtersets import JobFilterSet
 from .forms import ClusterForm, JobForm, ModelSpecForm
-from .models import AdaptationJob, Cluster, Device, ModelSpec, StageRun
+from .models import AdaptationJob, Cluster, Device, EnvReport, ModelSpec, StageRun
+from .topology import cluster_topology
 
 PAGE_SIZE = 25
 
@@ -59,6 +60,24 @@ def cluster_detail(request, pk):
         "is_admin": services.is_team_admin(request.user, cluster.team),
         "heartbeat_timeout": settings.D0_NODE_TIMEOUT,
     })
+
+
+@login_required
+def cluster_topology_page(request, pk):
+    cluster = get_object_or_404(Cluster.objects.for_user(request.user).select_related("team"), pk=pk)
+    reports = (EnvReport.objects.filter(node__cluster=cluster).select_related("node", "job")
+               .order_by("-created")[:30])
+    return render(request, "adaptation/cluster_topology.html", {
+        "cluster": cluster, "topology": cluster_topology(cluster), "reports": reports,
+    })
+
+
+@login_required
+@require_POST
+def cluster_env_check(request, pk):
+    cluster = get_object_or_404(Cluster.objects.for_user(request.user).select_related("team"), pk=pk)
+    job = services.submit_job(team=cluster.team, user=request.user, cluster=cluster, stages=["env_check"])
+    return redirect("job-detail", pk=job.pk)
 
 
 @login_required

@@ -182,6 +182,8 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 D0_HEARTBEAT_INTERVAL = env_float("D0_HEARTBEAT_INTERVAL", 10.0)
 D0_NODE_TIMEOUT = env_float("D0_NODE_TIMEOUT", 45.0)
 D0_SWEEP_INTERVAL = env_float("D0_SWEEP_INTERVAL", 10.0)
+# Pre-flight gate: gated stages need an env check of the node no older than this.
+D0_PREFLIGHT_MAX_AGE_HOURS = env_float("D0_PREFLIGHT_MAX_AGE_HOURS", 24.0)
 CELERY_BEAT_SCHEDULE = {
     "sweep-nodes": {"task": SWEEP_NODES, "schedule": D0_SWEEP_INTERVAL},
 }

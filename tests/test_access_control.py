@@ -4,7 +4,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from adaptation.models import Cluster, Link
+from adaptation.models import Cluster, EnvReport, Link
 
 
 @pytest.fixture
@@ -17,9 +17,10 @@ def link(cluster, node):
 def rows(job, link):
     """One of everything, in the owner's team."""
     run = job.stage_runs.get()
+    report = EnvReport.objects.create(node=run.node, job=job, stage_run=run, verdict="pass", report={"checks": []})
     return {
         "cluster": job.cluster.pk, "node": run.node.pk, "device": run.node.devices.get().pk, "link": link.pk,
-        "model": job.model.pk, "job": job.pk, "stage_run": run.pk,
+        "model": job.model.pk, "job": job.pk, "stage_run": run.pk, "env_report": report.pk,
     }
 
 
@@ -31,10 +32,13 @@ API_DETAIL = [
     ("/api/models/{model}/", "model"),
     ("/api/jobs/{job}/", "job"),
     ("/api/stage-runs/{stage_run}/", "stage_run"),
+    ("/api/env-reports/{env_report}/", "env_report"),
+    ("/api/clusters/{cluster}/topology/", "cluster"),
 ]
 API_LISTS = ["/api/clusters/", "/api/nodes/", "/api/devices/", "/api/links/", "/api/models/", "/api/jobs/",
-             "/api/stage-runs/"]
-PAGES_DETAIL = ["/clusters/{cluster}/", "/models/{model}/", "/jobs/{job}/", "/jobs/{job}/progress/"]
+             "/api/stage-runs/", "/api/env-reports/"]
+PAGES_DETAIL = ["/clusters/{cluster}/", "/clusters/{cluster}/topology/", "/models/{model}/", "/jobs/{job}/",
+                "/jobs/{job}/progress/"]
 PAGES = ["/", "/clusters/", "/models/", "/models/new/", "/jobs/", "/jobs/new/", "/account/token/", "/api/docs/",
          "/api/schema/"]
 
@@ -117,11 +121,11 @@ def test_a_member_sees_every_page(url, rows, member):
     assert client.get(url.format(**rows)).status_code == 200
 
 
-@pytest.mark.parametrize("action", ["cancel", "retry"])
-def test_job_page_actions_are_404_for_an_outsider(action, rows, outsider):
+@pytest.mark.parametrize("url", ["/jobs/{job}/cancel/", "/jobs/{job}/retry/", "/clusters/{cluster}/env-check/"])
+def test_page_actions_are_404_for_an_outsider(url, rows, outsider):
     client = Client()
     client.force_login(outsider)
-    assert client.post(f"/jobs/{rows['job']}/{action}/").status_code == 404
+    assert client.post(url.format(**rows)).status_code == 404
 
 
 def test_pages_do_not_leak_another_teams_rows_into_lists(rows, outsider):

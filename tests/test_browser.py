@@ -62,3 +62,23 @@ def test_a_member_logs_in_submits_a_job_and_sees_it_succeed(stack, live_server, 
     if os.environ.get("D0_SCREENSHOTS"):
         page.screenshot(path=os.path.join(os.environ["D0_SCREENSHOTS"], "job-detail.png"), full_page=True)
 
+
+
+def test_the_topology_page_draws_its_graph_and_charts(live_server, cluster, member, node, page):
+    from adaptation.models import Link
+
+    device = node.devices.get()
+    Link.objects.create(cluster=cluster, kind="loopback", source_device=device, target_device=device,
+                        measured_bandwidth_gbps=1.5)
+    page.goto(f"{live_server.url}/login/")
+    page.fill("#id_username", "bob")
+    page.fill("#id_password", "a-long-test-password")
+    page.click("button[type=submit]")
+    page.goto(f"{live_server.url}/clusters/{cluster.pk}/topology/")
+    for chart in ("#topology-graph", "#bandwidth-chart", "#flops-chart"):
+        page.locator(f"{chart} .main-svg").first.wait_for(timeout=20_000)
+    graph_text = page.locator("#topology-graph").inner_text()
+    assert "gpu-01" in graph_text and "loopback · 1.5 GB/s" in graph_text
+    assert page.locator("#device-table tbody tr").count() == 1
+    if os.environ.get("D0_SCREENSHOTS"):
+        page.screenshot(path=os.path.join(os.environ["D0_SCREENSHOTS"], "topology.png"), full_page=True)

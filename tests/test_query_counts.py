@@ -6,7 +6,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from adaptation.models import AdaptationJob, Cluster, Device, Link, ModelSpec, Node, StageRun
+from adaptation.models import AdaptationJob, Cluster, Device, EnvReport, Link, ModelSpec, Node, StageRun
 
 
 def add_rows(team, user, count):
@@ -22,7 +22,8 @@ def add_rows(team, user, count):
                                         created_by=user)
         job = AdaptationJob.objects.create(team=team, cluster=cluster, model=spec, stages=["env_probe"],
                                            submitted_by=user)
-        StageRun.objects.create(job=job, kind="env_probe", node=node, node_name=node.hostname)
+        run = StageRun.objects.create(job=job, kind="env_probe", node=node, node_name=node.hostname)
+        EnvReport.objects.create(node=node, job=job, stage_run=run, verdict="pass", report={"checks": []})
 
 
 def queries_for(fetch) -> int:
@@ -42,6 +43,7 @@ API_LISTS = {
     "/api/models/": 2,
     "/api/jobs/": 2,
     "/api/stage-runs/": 2,
+    "/api/env-reports/": 2,
 }
 
 PAGES = {
@@ -91,3 +93,26 @@ def test_the_cluster_page_runs_a_fixed_number_of_queries_whatever_its_node_count
     assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/")) == 7
     grow(8)
     assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/")) == 7
+
+
+def test_the_topology_page_and_endpoint_run_a_fixed_number_of_queries(owner, owner_api, team):
+    client = Client()
+    client.force_login(owner)
+    cluster = Cluster.objects.create(team=team, name="topo")
+
+    def grow(count):
+        for _ in range(count):
+            node = Node.objects.create(cluster=cluster, hostname=f"n{Node.objects.count()}",
+                                       queue_name=f"q{Node.objects.count()}")
+            a = Device.objects.create(node=node, index=0, kind="cuda", name="NVIDIA H200")
+            b = Device.objects.create(node=node, index=1, kind="cuda", name="NVIDIA H200")
+            Link.objects.create(cluster=cluster, kind="nvlink", source_device=a, target_device=b)
+
+    # Endpoint: cluster, nodes, their devices (prefetch), latest reports (DISTINCT ON), links with ends joined.
+    # The page adds session, user and the check history.
+    grow(1)
+    assert queries_for(lambda: owner_api.get(f"/api/clusters/{cluster.pk}/topology/")) == 5
+    assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/topology/")) == 8
+    grow(5)
+    assert queries_for(lambda: owner_api.get(f"/api/clusters/{cluster.pk}/topology/")) == 5
+    assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/topology/")) == 8

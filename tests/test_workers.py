@@ -92,3 +92,22 @@ def test_cancel_through_the_api_ends_a_running_job_cancelled(stack, cluster, mem
     assert member_api.post(f"/api/jobs/{job.pk}/cancel/").status_code == 409
     retried = member_api.post(f"/api/jobs/{job.pk}/retry/")
     assert retried.status_code == 201 and retried.json()["retry_of"] == job.pk
+
+
+def test_an_env_check_job_measures_the_node_through_real_workers(stack, cluster, member_api):
+    stack.start_node("alpha/h100-pod", "worker-c")
+    wait_for(node_online("worker-c"), 60, "node registration")
+    started = timezone.now()
+    response = member_api.post("/api/jobs/", {"cluster": cluster.pk, "stages": ["env_check"]}, format="json")
+    job = wait_for(job_status(response.json()["id"], "succeeded", "failed"), 60, "the env check to finish")
+    assert job.status == "succeeded", job.error
+    assert (job.finished - started).total_seconds() < 60
+    report = job.env_reports.get().report
+    cpu = report["measurements"]["per_device"][0]
+    assert cpu["copy_bandwidth"]["bytes_per_s"] > 0
+    assert cpu["matmul"]["fp32"]["flops_per_s"] > 0
+    all_reduce = report["measurements"]["collectives"]["results"]["all_reduce"]
+    assert (report["measurements"]["collectives"]["backend"], all_reduce["busbw"] > 0) == ("gloo", True)
+    # The cluster expects 8 devices per node; this machine offers its CPU only.
+    assert report["verdict"] == "fail"
+    assert job.env_reports.get().node.devices.get(kind="cpu").measured["copy_bandwidth_bytes_per_s"] > 0

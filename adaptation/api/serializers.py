@@ -4,7 +4,7 @@ from rest_framework import serializers
 from .. import services
 from ..choices import StageKind
 from ..configs import check_config, model_name, read_config_upload
-from ..models import AdaptationJob, Cluster, Device, Link, ModelSpec, Node, StageRun, Team
+from ..models import AdaptationJob, Cluster, Device, EnvReport, Link, ModelSpec, Node, StageRun, Team
 from .errors import as_drf_validation_error
 
 
@@ -81,14 +81,14 @@ class DeviceSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Device
-        fields = ["id", "node", "hostname", "index", "kind", "name", "memory_bytes", "properties"]
+        fields = ["id", "node", "hostname", "index", "kind", "name", "memory_bytes", "properties", "measured"]
         read_only_fields = fields
 
 
 class LinkSerializer(serializers.ModelSerializer):
     class Meta:
         model = Link
-        fields = ["id", "cluster", "kind", "source_device", "target_device", "source_node", "target_node",
+        fields = ["id", "cluster", "kind", "code", "source_device", "target_device", "source_node", "target_node",
                   "measured_bandwidth_gbps", "p2p_ok", "updated"]
         read_only_fields = fields
 
@@ -190,3 +190,23 @@ class JobDetailSerializer(JobSerializer):
     class Meta(JobSerializer.Meta):
         fields = [*JobSerializer.Meta.fields, "error_traceback", "log", "stage_runs"]
         read_only_fields = [*JobSerializer.Meta.read_only_fields, "error_traceback", "log"]
+
+
+class EnvReportSerializer(serializers.ModelSerializer):
+    hostname = serializers.CharField(source="node.hostname", read_only=True)
+    cluster = serializers.IntegerField(source="node.cluster_id", read_only=True)
+
+    class Meta:
+        model = EnvReport
+        fields = ["id", "node", "hostname", "cluster", "job", "stage_run", "created", "verdict", "report"]
+        read_only_fields = fields
+
+
+class EnvReportListSerializer(EnvReportSerializer):
+    """The list gives each report's checks; the full report (measurements, topology) is on the detail."""
+
+    checks = serializers.JSONField(source="report.checks", read_only=True)
+
+    class Meta(EnvReportSerializer.Meta):
+        fields = ["id", "node", "hostname", "cluster", "job", "stage_run", "created", "verdict", "checks"]
+        read_only_fields = fields

@@ -13,6 +13,7 @@ router.register("links", views.LinkViewSet)
 router.register("models", views.ModelSpecViewSet)
 router.register("jobs", views.JobViewSet)
 router.register("stage-runs", views.StageRunViewSet)
+router.register("env-reports", views.EnvReportViewSet)
 
 urlpatterns = [
     path("status/", views.StatusView.as_view(), name="api-status"),

@@ -9,7 +9,8 @@ from rest_framework.views import APIView
 
 from .. import filtersets, services
 from ..choices import NodeStatus
-from ..models import AdaptationJob, Cluster, Device, Link, ModelSpec, Node, StageRun
+from ..models import AdaptationJob, Cluster, Device, EnvReport, Link, ModelSpec, Node, StageRun
+from ..topology import cluster_topology
 from . import serializers
 
 
@@ -58,6 +59,12 @@ class ClusterViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
     def perform_destroy(self, instance):
         self._require_admin(instance.team)
         instance.delete()
+
+    @extend_schema(responses={200: dict})
+    @action(detail=True, methods=["get"])
+    def topology(self, request, pk=None):
+        """Nodes, devices (measured and published figures), links and each node's latest env-check verdict."""
+        return Response(cluster_topology(self.get_object()))
 
 
 class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
@@ -161,6 +168,19 @@ class StageRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
     def get_queryset(self):
         queryset = super().get_queryset()
         return queryset.defer("result", "error_traceback") if self.action == "list" else queryset
+
+
+class EnvReportViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
+    """Environment checks of nodes, newest first; the history is kept."""
+
+    queryset = EnvReport.objects.all()
+    filterset_class = filtersets.EnvReportFilterSet
+    ordering_fields = ["created", "verdict"]
+    ordering = ["-created"]
+    select_related = ("node",)
+
+    def get_serializer_class(self):
+        return serializers.EnvReportListSerializer if self.action == "list" else serializers.EnvReportSerializer
 
 
 class StatusView(APIView):

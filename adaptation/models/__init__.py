@@ -1,5 +1,6 @@
 from .clusters import Cluster, Device, Link, Node
 from .jobs import AdaptationJob, StageRun
+from .reports import EnvReport
 from .specs import ModelSpec
 from .teams import Membership, Team
 
@@ -7,6 +8,7 @@ __all__ = [
     "AdaptationJob",
     "Cluster",
     "Device",
+    "EnvReport",
     "Link",
     "Membership",
     "ModelSpec",

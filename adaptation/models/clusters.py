@@ -67,6 +67,8 @@ class Device(models.Model):
     name = models.CharField(max_length=255)
     memory_bytes = models.BigIntegerField(default=0)
     properties = models.JSONField(default=dict, blank=True)
+    measured = models.JSONField(default=dict, blank=True,
+                                help_text="Latest env-check figures: bandwidths in bytes/s, matmul FLOP/s by dtype.")
 
     objects = DeviceQuerySet.as_manager()
 
@@ -91,6 +93,7 @@ class Link(models.Model):
     target_device = models.ForeignKey(Device, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
     source_node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
     target_node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    code = models.CharField(max_length=16, blank=True, help_text="The vendor tool's code, e.g. NV18, PIX, SYS.")
     measured_bandwidth_gbps = models.FloatField(null=True, blank=True, help_text="Measured, in GB/s.")
     p2p_ok = models.BooleanField(null=True, blank=True, help_text="Peer access works (unknown when empty).")
     updated = models.DateTimeField(auto_now=True)

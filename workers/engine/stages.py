@@ -7,14 +7,27 @@ control plane's choices and the node task both read this registry, so a kind exi
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from .envcheck import env_check
 from .probe import env_probe
 
 Progress = Callable[[float, str], None]
 Stage = Callable[[dict, Progress], dict]
 
-STAGES: dict[str, Stage] = {
-    "env_probe": env_probe,
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    run: Stage
+    # Gated stages are refused on nodes whose latest env check failed or is too old (the pre-flight gate);
+    # the checks themselves are not gated, or a node could never prove itself fit again.
+    gated: bool
+
+
+STAGES: dict[str, StageSpec] = {
+    "env_probe": StageSpec(env_probe, gated=False),
+    "env_check": StageSpec(env_check, gated=False),
 }
 STAGE_KINDS = tuple(STAGES)
 
@@ -24,4 +37,4 @@ def run_stage(kind: str, params: dict, progress: Progress) -> dict:
         stage = STAGES[kind]
     except KeyError:
         raise ValueError(f"unknown stage kind {kind!r}; this node knows {', '.join(STAGE_KINDS)}") from None
-    return stage(params, progress)
+    return stage.run(params, progress)

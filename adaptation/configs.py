@@ -10,6 +10,12 @@ def _mib(size: int) -> str:
     return f"{size / 2**20:.1f} MiB"
 
 
+def _non_finite_as_text(constant: str) -> str:
+    """Released configs contain bare ``Infinity`` (Nemotron-H's time_step_limit), which Python's json reads but
+    PostgreSQL's jsonb refuses; keep it as the text "Infinity" (or "-Infinity", "NaN") so nothing is lost."""
+    return constant
+
+
 def read_config_upload(upload) -> dict:
     """The parsed config from an uploaded file, or a ValidationError whose message a person can act on."""
     limit = settings.D0_MAX_CONFIG_BYTES
@@ -17,7 +23,7 @@ def read_config_upload(upload) -> dict:
         raise ValidationError(f"The file is {_mib(upload.size)}; the limit for a config.json is {_mib(limit)}.")
     raw = upload.read()
     try:
-        config = json.loads(raw.decode("utf-8"))
+        config = json.loads(raw.decode("utf-8"), parse_constant=_non_finite_as_text)
     except UnicodeDecodeError:
         raise ValidationError("The file is not UTF-8 text; a config.json is JSON text.") from None
     except json.JSONDecodeError as error:

@@ -181,3 +181,12 @@ def test_an_unknown_api_url_is_a_json_404(member_api):
     response = member_api.get("/api/no-such-thing/")
     assert response.status_code == 404
     assert response.json() == {"detail": "Not found."}
+
+
+def test_a_config_with_a_bare_infinity_is_kept_with_infinity_as_text(member_api, team):
+    config = open("tests/data/nemotron-h-56b-base-8k.json", "rb").read()
+    assert b"Infinity" in config
+    response = member_api.post("/api/models/", {"config_file": upload(config, "nemotron-h.json")}, format="multipart")
+    assert response.status_code == 201, response.json()
+    stored = ModelSpec.objects.get(pk=response.json()["id"]).config
+    assert stored["time_step_limit"] == [0.0, "Infinity"]

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from workers import protocol
 
-from . import preflight, stage_results
+from . import catalog, preflight, stage_results
 from .choices import ACTIVE_STATUSES, JobStatus, NodeStatus, TeamRole
 from .models import AdaptationJob, Cluster, Device, ModelSpec, Node, StageRun, Team
 
@@ -329,8 +329,14 @@ def _mark_offline(node: Node, reason: str, guard) -> bool:
 # --- models ---------------------------------------------------------------------------------------------
 
 
-def create_model_spec(*, team, user, name: str, config: dict, source_note: str = "") -> ModelSpec:
-    spec = ModelSpec(team=team, name=name, config=config, source_note=source_note, created_by=user)
+def add_from_catalog(*, team, user, slug: str) -> tuple[ModelSpec, bool]:
+    """The team's model for a catalog entry, created if the team has none yet; (spec, created)."""
+    entry = catalog.BY_SLUG[slug]
+    existing = ModelSpec.objects.filter(team=team, catalog_slug=slug).first()
+    if existing:
+        return existing, False
+    spec = ModelSpec(team=team, name=entry.name, config=entry.config(), catalog_slug=slug, created_by=user,
+                     source_note=f"d0 catalog: {entry.hf_id}" + (f" ({entry.note})" if entry.note else ""))
     spec.full_clean()
     spec.save()
-    return spec
+    return spec, True

@@ -6,12 +6,12 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db.models import Count, Prefetch, Q
-from django.http import JsonResponse
+from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 from rest_framework.authtoken.models import Token
 
-from . import services
+from . import catalog, services
 from .choices import ACTIVE_STATUSES, STATUS_COLOURS, NodeStatus
 from .filtersets import JobFilterSet
 from .forms import ClusterForm, JobForm, ModelSpecForm
@@ -97,6 +97,24 @@ def model_list(request):
     models = ModelSpec.objects.for_user(request.user).select_related("team", "created_by").defer("config")
     page = Paginator(models, PAGE_SIZE).get_page(request.GET.get("page"))
     return render(request, "adaptation/model_list.html", {"page": page})
+
+
+@login_required
+def model_catalog(request):
+    teams = services.teams_of(request.user)
+    return render(request, "adaptation/model_catalog.html", {"catalog": catalog.CATALOG, "teams": teams})
+
+
+@login_required
+@require_POST
+def model_catalog_add(request, slug):
+    if slug not in catalog.BY_SLUG:
+        raise Http404("No such catalog entry.")
+    team = get_object_or_404(services.teams_of(request.user), slug=request.POST.get("team", ""))
+    spec, created = services.add_from_catalog(team=team, user=request.user, slug=slug)
+    if not created:
+        messages.info(request, f"{team} already has {spec.name}.")
+    return redirect("model-detail", pk=spec.pk)
 
 
 @login_required

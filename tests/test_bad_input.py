@@ -190,3 +190,30 @@ def test_a_config_with_a_bare_infinity_is_kept_with_infinity_as_text(member_api,
     assert response.status_code == 201, response.json()
     stored = ModelSpec.objects.get(pk=response.json()["id"]).config
     assert stored["time_step_limit"] == [0.0, "Infinity"]
+
+
+def test_a_catalog_model_is_added_once_per_team(member, team):
+    client = Client()
+    client.force_login(member)
+    page = client.get("/models/catalog/").content.decode()
+    assert "DeepSeek-V3" in page and "671 B" in page and "5.1 B" in page
+    response = client.post("/models/catalog/deepseek-v3/add/", {"team": "alpha"})
+    spec = ModelSpec.objects.get(team=team, catalog_slug="deepseek-v3")
+    assert response["Location"] == f"/models/{spec.pk}/"
+    assert spec.config["n_routed_experts"] == 256 and spec.architecture == "DeepseekV3ForCausalLM"
+    assert client.post("/models/catalog/deepseek-v3/add/", {"team": "alpha"})["Location"] == f"/models/{spec.pk}/"
+    assert ModelSpec.objects.count() == 1
+    assert client.post("/models/catalog/no-such-model/add/", {"team": "alpha"}).status_code == 404
+    assert client.post("/models/catalog/deepseek-v3/add/", {"team": "beta"}).status_code == 404
+
+
+def test_the_api_lists_the_catalog_and_adds_from_it(member_api, anon_api, team):
+    listed = member_api.get("/api/catalog/").json()
+    kimi = next(entry for entry in listed if entry["slug"] == "kimi-k2-instruct")
+    assert (kimi["published_total"], kimi["published_active"]) == (1e12, 32e9)
+    assert anon_api.get("/api/catalog/").status_code == 401
+    response = member_api.post("/api/models/", {"catalog": "kimi-k2-instruct"}, format="json")
+    assert response.status_code == 201, response.json()
+    assert (response.json()["name"], response.json()["catalog_slug"]) == ("Kimi-K2-Instruct", "kimi-k2-instruct")
+    assert member_api.post("/api/models/", {"catalog": "nope"}, format="json").json()["catalog"] == [
+        '"nope" is not a valid choice.']

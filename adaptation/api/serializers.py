@@ -1,7 +1,7 @@
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
-from .. import services
+from .. import catalog, services
 from ..choices import StageKind
 from ..configs import check_config, model_name, read_config_upload
 from ..models import AdaptationJob, Cluster, Device, EnvReport, Link, ModelSpec, Node, StageRun, Team
@@ -98,17 +98,24 @@ class ModelSpecSerializer(ValidatedModelSerializer):
     name = serializers.CharField(max_length=200, required=False)
     config = serializers.JSONField(required=False, help_text="The config.json as a JSON object (or send config_file).")
     config_file = serializers.FileField(write_only=True, required=False, help_text="The config.json file itself.")
+    catalog = serializers.ChoiceField(choices=sorted(catalog.BY_SLUG), write_only=True, required=False,
+                                      help_text="Start from a known model of d0's catalog instead of a file.")
     created_by = serializers.StringRelatedField(read_only=True)
 
     class Meta:
         model = ModelSpec
-        fields = ["id", "team", "name", "architecture", "config", "config_file", "source_note", "created_by",
-                  "created"]
-        read_only_fields = ["architecture"]
+        fields = ["id", "team", "name", "architecture", "config", "config_file", "catalog", "catalog_slug",
+                  "source_note", "created_by", "created"]
+        read_only_fields = ["architecture", "catalog_slug"]
         validators = []
 
     def validate(self, attrs):
         upload = attrs.pop("config_file", None)
+        slug = attrs.pop("catalog", None)
+        if slug:
+            entry = catalog.BY_SLUG[slug]
+            attrs.update(config=entry.config(), catalog_slug=slug, name=attrs.get("name") or entry.name)
+            attrs.setdefault("source_note", f"d0 catalog: {entry.hf_id}")
         try:
             if upload is not None:
                 attrs["config"] = read_config_upload(upload)
@@ -131,7 +138,16 @@ class ModelSpecListSerializer(ModelSpecSerializer):
     """The list leaves out the config itself: it can be megabytes per row."""
 
     class Meta(ModelSpecSerializer.Meta):
-        fields = ["id", "team", "name", "architecture", "source_note", "created_by", "created"]
+        fields = ["id", "team", "name", "architecture", "catalog_slug", "source_note", "created_by", "created"]
+
+
+class CatalogEntrySerializer(serializers.Serializer):
+    slug = serializers.CharField()
+    name = serializers.CharField()
+    hf_id = serializers.CharField()
+    published_total = serializers.FloatField(allow_null=True)
+    published_active = serializers.FloatField(allow_null=True)
+    note = serializers.CharField()
 
 
 class StageRunSerializer(serializers.ModelSerializer):

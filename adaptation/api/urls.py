@@ -17,6 +17,7 @@ router.register("env-reports", views.EnvReportViewSet)
 
 urlpatterns = [
     path("status/", views.StatusView.as_view(), name="api-status"),
+    path("catalog/", views.CatalogView.as_view(), name="api-catalog"),
     path("token/", obtain_auth_token, name="api-token"),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),

@@ -7,7 +7,7 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import filtersets, services
+from .. import catalog, filtersets, services
 from ..choices import NodeStatus
 from ..models import AdaptationJob, Cluster, Device, EnvReport, Link, ModelSpec, Node, StageRun
 from ..topology import cluster_topology
@@ -181,6 +181,15 @@ class EnvReportViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamSco
 
     def get_serializer_class(self):
         return serializers.EnvReportListSerializer if self.action == "list" else serializers.EnvReportSerializer
+
+
+class CatalogView(APIView):
+    """Known models shipped with d0 (real config.json files) with their vendors' published parameter counts.
+    Add one to a team with ``POST /api/models/ {"catalog": "<slug>"}``."""
+
+    @extend_schema(responses={200: serializers.CatalogEntrySerializer(many=True)})
+    def get(self, request):
+        return Response(serializers.CatalogEntrySerializer(catalog.CATALOG, many=True).data)
 
 
 class StatusView(APIView):

@@ -25,6 +25,8 @@ class ModelSpec(models.Model):
     name = models.CharField(max_length=200)
     config = models.JSONField(help_text="The released config.json, as uploaded.")
     source_note = models.TextField(blank=True, help_text="Where the config came from (release, revision).")
+    catalog_slug = models.CharField(max_length=100, blank=True, editable=False,
+                                    help_text="The d0 catalog entry it was added from, if any.")
     architecture = models.CharField(max_length=200, blank=True, editable=False)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="+")

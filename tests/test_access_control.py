@@ -39,7 +39,8 @@ API_LISTS = ["/api/clusters/", "/api/nodes/", "/api/devices/", "/api/links/", "/
              "/api/stage-runs/", "/api/env-reports/"]
 PAGES_DETAIL = ["/clusters/{cluster}/", "/clusters/{cluster}/topology/", "/models/{model}/", "/jobs/{job}/",
                 "/jobs/{job}/progress/"]
-PAGES = ["/", "/clusters/", "/models/", "/models/new/", "/models/catalog/", "/jobs/", "/jobs/new/", "/account/token/", "/api/docs/",
+PAGES = ["/", "/clusters/", "/models/", "/models/new/", "/models/catalog/", "/jobs/", "/jobs/new/", "/account/token/",
+         "/api/docs/",
          "/api/schema/"]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from traceback import format_exc
 from collections.abc import Iterable
 from datetime import timedelta
 from functools import partial
@@ -120,7 +121,9 @@ def _stop_stage_runs(job: AdaptationJob, status: str, error: str = "") -> None:
     _revoke_on_commit(task_ids, terminate=True)
 
 
-def _fail_job(job: AdaptationJob, error: str, traceback: str = "") -> None:
+@transaction.atomic
+def fail_job(job: AdaptationJob, error: str, traceback: str = "") -> None:
+    """Fail a job (if still active) with its reason, and stop its other stage runs."""
     if job.fail(error, traceback):
         job.append_log(f"failed: {error}")
         _stop_stage_runs(job, JobStatus.CANCELLED, error="job failed elsewhere")
@@ -162,7 +165,7 @@ def advance_job(job_id: int) -> None:
     kind = pending[0]
     nodes = eligible_nodes(job)
     if not nodes:
-        _fail_job(job, f"No online node in cluster '{job.cluster.name}' can run stage {kind}. Start a node worker "
+        fail_job(job, f"No online node in cluster '{job.cluster.name}' can run stage {kind}. Start a node worker "
                        f"(see the cluster page) or wait for a node to come back online.")
         return
     refused = preflight.refusals(kind, nodes)
@@ -170,7 +173,7 @@ def advance_job(job_id: int) -> None:
         job.append_log(f"pre-flight gate: {reason}")
     nodes = [node for node in nodes if node.pk not in refused]
     if not nodes:
-        _fail_job(job, f"The pre-flight gate refused every node for stage {kind}: " + "; ".join(refused.values()))
+        fail_job(job, f"The pre-flight gate refused every node for stage {kind}: " + "; ".join(refused.values()))
         return
     params = stage_parameters(job, kind)
     for node in nodes:
@@ -222,14 +225,19 @@ def record_stage_finished(stage_run_id: int, ok: bool, result, error: str, trace
     if not moved:
         return  # cancelled, or failed by the node sweep: a late report never overwrites that
     job = run.job
-    if ok:
+    if not ok:
+        fail_job(job, f"Stage {run.kind} failed on {run.node_name}: {error}", traceback)
+        return
+    try:
         stage_results.store(run)
-        job.append_log(f"stage {run.kind} succeeded on {run.node_name} in {run.duration_seconds or 0:.1f}s"
-                       + _verdict_note(result))
-        advance_job(job.pk)
-    else:
-        with transaction.atomic():
-            _fail_job(job, f"Stage {run.kind} failed on {run.node_name}: {error}", traceback)
+    except Exception as problem:  # noqa: BLE001 - a malformed report must end the job, not leave it running
+        logger.exception("could not store the result of stage run %s", run.pk)
+        fail_job(job, f"Stage {run.kind} on {run.node_name} finished, but its result could not be stored: "
+                      f"{type(problem).__name__}: {problem}", format_exc())
+        return
+    job.append_log(f"stage {run.kind} succeeded on {run.node_name} in {run.duration_seconds or 0:.1f}s"
+                   + _verdict_note(result))
+    advance_job(job.pk)
 
 
 # --- nodes ----------------------------------------------------------------------------------------------
@@ -300,6 +308,20 @@ def node_left(queue_name: str) -> None:
         _mark_offline(node, "its worker shut down", Node.objects.filter(pk=node.pk, status=NodeStatus.ONLINE))
 
 
+def sweep_stuck_stage_runs() -> int:
+    """Fail stage runs that have been running longer than any stage may (their report was lost: a broker
+    restart, a worker killed between two messages). Returns how many were failed."""
+    limit = settings.D0_STAGE_TIMEOUT
+    cutoff = timezone.now() - timedelta(seconds=limit)
+    failed = 0
+    for run in StageRun.objects.select_related("job").filter(status=JobStatus.RUNNING, started__lt=cutoff):
+        error = f"Stage {run.kind} on {run.node_name} sent no result within {limit:g}s; its report was lost."
+        if run.fail(error):
+            fail_job(run.job, error)
+            failed += 1
+    return failed
+
+
 def sweep_nodes() -> list[str]:
     """Mark nodes offline after missed heartbeats and fail the work they held. Returns their hostnames."""
     timeout = settings.D0_NODE_TIMEOUT
@@ -322,7 +344,7 @@ def _mark_offline(node: Node, reason: str, guard) -> bool:
     for run in StageRun.objects.select_related("job").filter(node=node, status__in=list(ACTIVE_STATUSES)):
         error = f"Node {node.hostname} went offline ({reason}) while stage {run.kind} was {run.status}."
         if run.fail(error):
-            _fail_job(run.job, error)
+            fail_job(run.job, error)
     return True
 
 

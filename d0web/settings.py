@@ -182,6 +182,8 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 D0_HEARTBEAT_INTERVAL = env_float("D0_HEARTBEAT_INTERVAL", 10.0)
 D0_NODE_TIMEOUT = env_float("D0_NODE_TIMEOUT", 45.0)
 D0_SWEEP_INTERVAL = env_float("D0_SWEEP_INTERVAL", 10.0)
+# A stage running longer than this lost its report (the node's own limit is D0_STAGE_SOFT_TIME_LIMIT, 6 h).
+D0_STAGE_TIMEOUT = env_float("D0_STAGE_TIMEOUT", 6 * 3600 + 600)
 # Pre-flight gate: gated stages need an env check of the node no older than this.
 D0_PREFLIGHT_MAX_AGE_HOURS = env_float("D0_PREFLIGHT_MAX_AGE_HOURS", 24.0)
 CELERY_BEAT_SCHEDULE = {

@@ -188,3 +188,28 @@ def test_a_stage_run_status_change_leaves_other_rows_alone(job):
     run = StageRun.objects.get(job=job)
     assert run.start() and run.finish(result={"ok": 1})
     assert AdaptationJob.objects.get(pk=job.pk).status == "queued"
+
+
+def test_a_result_that_cannot_be_stored_fails_the_job_instead_of_leaving_it_running(
+        cluster, owner, node, broker, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        job = services.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=["env_check"])
+    services.dispatch_job(job.pk)
+    run = job.stage_runs.get()
+    services.record_stage_finished(run.pk, True, {"verdict": "pass", "measurements": {"per_device": [
+        {"device": "not-a-label"}]}}, "", "")
+    job.refresh_from_db()
+    assert job.status == "failed"
+    assert job.error.startswith("Stage env_check on gpu-01 finished, but its result could not be stored: ValueError")
+
+
+def test_a_stage_run_whose_report_was_lost_is_failed_by_the_sweep(job, settings):
+    settings.D0_STAGE_TIMEOUT = 60
+    job.start()
+    run = job.stage_runs.get()
+    run.start()
+    StageRun.objects.filter(pk=run.pk).update(started=timezone.now() - timedelta(seconds=61))
+    assert services.sweep_stuck_stage_runs() == 1
+    job.refresh_from_db()
+    assert job.status == "failed"
+    assert job.error == "Stage env_probe on gpu-01 sent no result within 60s; its report was lost."

@@ -4,17 +4,28 @@ They run in the Django-side worker (``celery -A d0web worker -Q d0.control``). N
 ``STAGE_*`` and ``NODE_*`` messages by name (see workers/protocol.py); nodes never touch the database.
 """
 
+import traceback
+
 from celery import shared_task
 from django.core.exceptions import ValidationError
 
 from adaptation import services
+from adaptation.models import AdaptationJob
 
 from . import protocol
 
 
 @shared_task(name=protocol.DISPATCH_JOB)
 def dispatch_job(job_id: int) -> None:
-    services.dispatch_job(job_id)
+    try:
+        services.dispatch_job(job_id)
+    except Exception as error:
+        # The job row must end in a terminal state with the reason, never stay "running" with nobody on it.
+        job = AdaptationJob.objects.filter(pk=job_id).first()
+        if job:
+            services.fail_job(job, f"The control plane could not dispatch the job: {type(error).__name__}: {error}",
+                              traceback.format_exc())
+        raise
 
 
 @shared_task(name=protocol.REGISTER_NODE)
@@ -53,4 +64,5 @@ def stage_finished(stage_run_id: int, ok: bool, result, error: str, traceback: s
 
 @shared_task(name=protocol.SWEEP_NODES)
 def sweep_nodes() -> list:
+    services.sweep_stuck_stage_runs()
     return services.sweep_nodes()

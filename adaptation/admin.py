@@ -1,6 +1,7 @@
 from django.contrib import admin
 
-from .models import AdaptationJob, Cluster, Device, EnvReport, Link, Membership, ModelSpec, Node, StageRun, Team
+from .models import (AdaptationJob, Cluster, Device, EnvReport, Link, Membership, ModelPlan, ModelSpec, Node, StageRun,
+                     Team)
 
 
 class MembershipInline(admin.TabularInline):
@@ -122,3 +123,10 @@ class EnvReportAdmin(admin.ModelAdmin):
     list_filter = ["verdict", "node__cluster"]
     list_select_related = ["node__cluster", "job"]
     readonly_fields = ["node", "job", "stage_run", "created", "verdict", "report"]
+
+
+@admin.register(ModelPlan)
+class ModelPlanAdmin(admin.ModelAdmin):
+    list_display = ["id", "model", "cluster", "created_by", "created"]
+    list_select_related = ["model", "cluster", "created_by"]
+    readonly_fields = ["model", "cluster", "request", "result", "created_by", "created"]

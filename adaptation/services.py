@@ -19,6 +19,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from workers import protocol
+from workers.engine.sharding.layout import Layout
+from workers.engine.stages import STAGES
 
 from . import catalog, preflight, stage_results
 from .choices import ACTIVE_STATUSES, JobStatus, NodeStatus, TeamRole
@@ -175,8 +177,12 @@ def advance_job(job_id: int) -> None:
     if not nodes:
         fail_job(job, f"The pre-flight gate refused every node for stage {kind}: " + "; ".join(refused.values()))
         return
-    params = stage_parameters(job, kind)
-    for node in nodes:
+    try:
+        assignments = stage_assignments(job, kind, nodes)
+    except ValueError as error:
+        fail_job(job, f"Stage {kind} cannot be placed: {error}")
+        return
+    for node, params in assignments:
         run = StageRun.objects.create(
             job=job, kind=kind, node=node, node_name=node.hostname, celery_task_id=str(uuid.uuid4())
         )
@@ -186,11 +192,36 @@ def advance_job(job_id: int) -> None:
 
 
 def stage_parameters(job: AdaptationJob, kind: str) -> dict:
-    """What a node's stage gets: the job's parameters plus what the control plane knows about the cluster."""
-    params = dict(job.parameters)
+    """What a node's stage gets: the job's parameters for that stage (``parameters[kind]``) plus what the control
+    plane knows: the cluster's expected device count, the model's config.json."""
+    params = dict(job.parameters.get(kind) or {})
     if kind == "env_check":
         params.setdefault("expected_devices_per_node", job.cluster.expected_devices_per_node)
+    if STAGES[kind].needs_model:
+        params["config"] = job.model.config
     return params
+
+
+def stage_assignments(job: AdaptationJob, kind: str, nodes: list[Node]) -> list[tuple[Node, dict]]:
+    """(node, params) for each stage run of ``kind``: every eligible node, or for a "group" stage (a sharded run)
+    ``node_count`` nodes forming one torch.distributed world, rendezvousing on the first one (torchrun's
+    env:// method: its address and a port derived from the job, so two jobs never share one)."""
+    params = stage_parameters(job, kind)
+    if STAGES[kind].placement != "group":
+        return [(node, params) for node in nodes]
+    node_count = int(params.pop("node_count", 1))
+    if node_count < 1 or node_count > len(nodes):
+        raise ValueError(f"it needs {node_count} node(s) and {len(nodes)} eligible node(s) are online")
+    if node_count == 1:
+        return [(nodes[0], params)]
+    world_size = Layout(**{axis: int(params.get(axis, 1)) for axis in ("tp", "pp", "ep")}).world_size
+    if world_size % node_count:
+        raise ValueError(f"a world of {world_size} ranks does not split evenly over {node_count} nodes")
+    chosen = nodes[:node_count]
+    master = chosen[0].host_facts.get("address") or chosen[0].hostname
+    rendezvous = {"master_addr": master, "master_port": 29500 + job.pk % 500, "world_size": world_size,
+                  "nproc_per_node": world_size // node_count}
+    return [(node, {**params, "rendezvous": {**rendezvous, "node_rank": rank}}) for rank, node in enumerate(chosen)]
 
 
 def _update_job_progress(job: AdaptationJob, runs: list[StageRun]) -> None:

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from . import sharded_runs, views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -21,4 +21,6 @@ urlpatterns = [
     path("jobs/<int:pk>/cancel/", views.job_cancel, name="job-cancel"),
     path("jobs/<int:pk>/retry/", views.job_retry, name="job-retry"),
     path("account/token/", views.api_token, name="api-token-page"),
+    path("stage-runs/<int:pk>/sharded/", sharded_runs.sharded_run_page, name="sharded-run"),
+    path("models/<int:pk>/sharded-runs/", sharded_runs.compare_runs_page, name="sharded-run-compare"),
 ]

@@ -11,7 +11,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 from rest_framework.authtoken.models import Token
 
-from . import catalog, services
+from . import catalog, planning, services
 from .choices import ACTIVE_STATUSES, STATUS_COLOURS, NodeStatus
 from .filtersets import JobFilterSet
 from .forms import ClusterForm, JobForm, ModelSpecForm
@@ -31,7 +31,7 @@ def _clusters_with_counts(user):
 def _job_rows(user):
     return (AdaptationJob.objects.for_user(user)
             .select_related("cluster", "model", "submitted_by")
-            .defer("log", "error_traceback", "model__config"))
+            .defer("log", "error_traceback", "model__config", "model__analysis"))
 
 
 @login_required
@@ -94,7 +94,7 @@ def cluster_create(request):
 
 @login_required
 def model_list(request):
-    models = ModelSpec.objects.for_user(request.user).select_related("team", "created_by").defer("config")
+    models = ModelSpec.objects.for_user(request.user).select_related("team", "created_by").defer("config", "analysis")
     page = Paginator(models, PAGE_SIZE).get_page(request.GET.get("page"))
     return render(request, "adaptation/model_list.html", {"page": page})
 
@@ -120,8 +120,34 @@ def model_catalog_add(request, slug):
 @login_required
 def model_detail(request, pk):
     spec = get_object_or_404(ModelSpec.objects.for_user(request.user).select_related("team", "created_by"), pk=pk)
+    if spec.analysis is None:  # a row from before analyses were stored
+        spec.full_clean()
+        spec.save(update_fields=["analysis"])
+    form = planning.PlanForm(request.POST or request.GET or None)
+    what_if = None
+    if form.is_bound and form.is_valid():
+        try:
+            if request.method == "POST":
+                kept = planning.record(spec, form.devices(), form.cleaned_data["precision"], form.workload(),
+                                       request.user)
+                messages.success(request, f"Prediction kept (plan #{kept.pk}) for comparison with measured runs.")
+                return redirect(f"{request.path}?{request.POST.urlencode()}")
+            what_if = planning.plan(spec, form.devices(), form.cleaned_data["precision"], form.workload())
+        except ValidationError as error:
+            form.add_error(None, error)
+    clusters = Cluster.objects.filter(team=spec.team).prefetch_related("nodes__devices")
+    cluster_plans = []
+    for cluster in clusters:
+        devices = planning.cluster_devices(cluster)
+        if devices:
+            try:
+                cluster_plans.append((cluster, planning.plan(spec, devices, "bf16")))
+            except ValidationError as error:
+                cluster_plans.append((cluster, {"fits": False, "reason": "; ".join(error.messages)}))
     return render(request, "adaptation/model_detail.html", {
-        "spec": spec, "jobs": _job_rows(request.user).filter(model=spec)[:10],
+        "spec": spec, "analysis": spec.analysis, "jobs": _job_rows(request.user).filter(model=spec)[:10],
+        "form": form, "what_if": what_if, "cluster_plans": cluster_plans,
+        "kept_plans": spec.plans.select_related("created_by")[:10],
     })
 
 

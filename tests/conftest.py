@@ -11,11 +11,12 @@ from rest_framework.test import APIClient
 from adaptation.choices import TeamRole
 from adaptation.models import AdaptationJob, Cluster, Device, Membership, ModelSpec, Node, StageRun, Team
 
-DATA = Path(__file__).parent / "data"
+# The real release configs d0 ships as its catalog; tests read them from there.
+CONFIGS = Path(__file__).parent.parent / "adaptation" / "catalog" / "configs"
 
 
 def load_config(name: str) -> dict:
-    return json.loads((DATA / name).read_text())
+    return json.loads((CONFIGS / name).read_text())
 
 
 def _user(username: str, team: Team, role: str):

@@ -4,7 +4,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from adaptation.models import Cluster, EnvReport, Link
+from adaptation.models import Cluster, EnvReport, Link, ModelPlan
 
 
 @pytest.fixture
@@ -18,9 +18,10 @@ def rows(job, link):
     """One of everything, in the owner's team."""
     run = job.stage_runs.get()
     report = EnvReport.objects.create(node=run.node, job=job, stage_run=run, verdict="pass", report={"checks": []})
+    plan = ModelPlan.objects.create(model=job.model, request={}, result={})
     return {
         "cluster": job.cluster.pk, "node": run.node.pk, "device": run.node.devices.get().pk, "link": link.pk,
-        "model": job.model.pk, "job": job.pk, "stage_run": run.pk, "env_report": report.pk,
+        "model": job.model.pk, "job": job.pk, "stage_run": run.pk, "env_report": report.pk, "plan": plan.pk,
     }
 
 
@@ -33,10 +34,12 @@ API_DETAIL = [
     ("/api/jobs/{job}/", "job"),
     ("/api/stage-runs/{stage_run}/", "stage_run"),
     ("/api/env-reports/{env_report}/", "env_report"),
+    ("/api/model-plans/{plan}/", "plan"),
     ("/api/clusters/{cluster}/topology/", "cluster"),
 ]
 API_LISTS = ["/api/clusters/", "/api/nodes/", "/api/devices/", "/api/links/", "/api/models/", "/api/jobs/",
-             "/api/stage-runs/", "/api/env-reports/"]
+             "/api/stage-runs/", "/api/env-reports/",
+             "/api/model-plans/"]
 PAGES_DETAIL = ["/clusters/{cluster}/", "/clusters/{cluster}/topology/", "/models/{model}/", "/jobs/{job}/",
                 "/jobs/{job}/progress/"]
 PAGES = ["/", "/clusters/", "/models/", "/models/new/", "/models/catalog/", "/jobs/", "/jobs/new/", "/account/token/",

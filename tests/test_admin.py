@@ -6,8 +6,8 @@ import pytest
 from django.contrib.staticfiles import finders
 from django.test import Client
 
-from adaptation.models import (AdaptationJob, Cluster, Device, EnvReport, Link, Membership, ModelSpec, Node, StageRun,
-                               Team)
+from adaptation.models import (AdaptationJob, Cluster, Device, EnvReport, Link, Membership, ModelPlan, ModelSpec, Node,
+                               StageRun, Team)
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def superuser_client(django_user_model):
 
 @pytest.mark.parametrize("model",
                          [Team, Membership, Cluster, Node, Device, Link, ModelSpec, AdaptationJob, StageRun,
-                          EnvReport])
+                          EnvReport, ModelPlan])
 def test_every_model_has_an_admin_list_and_add_page(model, superuser_client, job):
     base = f"/admin/adaptation/{model._meta.model_name}/"
     assert superuser_client.get(base).status_code == 200

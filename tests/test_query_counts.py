@@ -6,7 +6,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from adaptation.models import AdaptationJob, Cluster, Device, EnvReport, Link, ModelSpec, Node, StageRun
+from adaptation.models import AdaptationJob, Cluster, Device, EnvReport, Link, ModelPlan, ModelSpec, Node, StageRun
 
 
 def add_rows(team, user, count):
@@ -24,6 +24,7 @@ def add_rows(team, user, count):
                                            submitted_by=user)
         run = StageRun.objects.create(job=job, kind="env_probe", node=node, node_name=node.hostname)
         EnvReport.objects.create(node=node, job=job, stage_run=run, verdict="pass", report={"checks": []})
+        ModelPlan.objects.create(model=spec, request={}, result={}, created_by=user)
 
 
 def queries_for(fetch) -> int:
@@ -44,6 +45,7 @@ API_LISTS = {
     "/api/jobs/": 2,
     "/api/stage-runs/": 2,
     "/api/env-reports/": 2,
+    "/api/model-plans/": 2,
 }
 
 PAGES = {

@@ -4,7 +4,8 @@ from rest_framework import serializers
 from .. import catalog, services
 from ..choices import StageKind
 from ..configs import check_config, model_name, read_config_upload
-from ..models import AdaptationJob, Cluster, Device, EnvReport, Link, ModelSpec, Node, StageRun, Team
+from ..models import (AdaptationJob, Cluster, Device, EnvReport, Link, ModelPlan, ModelSpec, Node, StageRun,
+                      Team)
 from .errors import as_drf_validation_error
 
 
@@ -38,13 +39,14 @@ class ValidatedModelSerializer(serializers.ModelSerializer):
         for name, value in attrs.items():
             setattr(instance, name, value)
         try:
-            instance.full_clean(exclude=self._clean_exclude())
+            instance.full_clean()
         except DjangoValidationError as error:
             raise as_drf_validation_error(error) from None
+        # What clean() derives (a model's analysis) is kept, so save() does not derive it a second time.
+        for field in self.Meta.model._meta.concrete_fields:
+            if not field.editable and not field.primary_key and not field.auto_created:
+                attrs.setdefault(field.name, getattr(instance, field.name))
         return attrs
-
-    def _clean_exclude(self):
-        return []
 
     def _default_team(self):
         team = services.default_team(self.context["request"].user)
@@ -105,8 +107,8 @@ class ModelSpecSerializer(ValidatedModelSerializer):
     class Meta:
         model = ModelSpec
         fields = ["id", "team", "name", "architecture", "config", "config_file", "catalog", "catalog_slug",
-                  "source_note", "created_by", "created"]
-        read_only_fields = ["architecture", "catalog_slug"]
+                  "source_note", "created_by", "created", "analysis"]
+        read_only_fields = ["architecture", "catalog_slug", "analysis"]
         validators = []
 
     def validate(self, attrs):
@@ -225,4 +227,31 @@ class EnvReportListSerializer(EnvReportSerializer):
 
     class Meta(EnvReportSerializer.Meta):
         fields = ["id", "node", "hostname", "cluster", "job", "stage_run", "created", "verdict", "checks"]
+        read_only_fields = fields
+
+
+class PlanRequestSerializer(serializers.Serializer):
+    """A cluster of yours (its devices and measured bandwidth) or a what-if one, a precision and a workload."""
+
+    cluster = TeamScopedRelatedField(queryset=Cluster.objects.all(), required=False, allow_null=True)
+    devices_per_node = serializers.IntegerField(min_value=1, max_value=256, required=False)
+    device_memory_gb = serializers.FloatField(min_value=0.5, max_value=4096, required=False)
+    nodes = serializers.IntegerField(min_value=1, max_value=512, default=1)
+    device_name = serializers.CharField(required=False, allow_blank=True, default="")
+    precision = serializers.ChoiceField(choices=["bf16", "fp16", "fp8", "int8", "int4"], default="bf16")
+    concurrency = serializers.IntegerField(min_value=1, max_value=65536, default=32)
+    context_tokens = serializers.IntegerField(min_value=1, max_value=2**22, default=8192)
+
+    def validate(self, attrs):
+        if attrs.get("cluster") is None and not (attrs.get("devices_per_node") and attrs.get("device_memory_gb")):
+            raise serializers.ValidationError("Give a cluster, or devices_per_node and device_memory_gb.")
+        return attrs
+
+
+class ModelPlanSerializer(serializers.ModelSerializer):
+    created_by = serializers.StringRelatedField(read_only=True)
+
+    class Meta:
+        model = ModelPlan
+        fields = ["id", "model", "cluster", "request", "result", "created_by", "created"]
         read_only_fields = fields

@@ -14,6 +14,7 @@ router.register("models", views.ModelSpecViewSet)
 router.register("jobs", views.JobViewSet)
 router.register("stage-runs", views.StageRunViewSet)
 router.register("env-reports", views.EnvReportViewSet)
+router.register("model-plans", views.ModelPlanViewSet)
 
 urlpatterns = [
     path("status/", views.StatusView.as_view(), name="api-status"),

@@ -7,11 +7,12 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import catalog, filtersets, services
+from .. import catalog, filtersets, planning, services
 from ..choices import NodeStatus
-from ..models import AdaptationJob, Cluster, Device, EnvReport, Link, ModelSpec, Node, StageRun
+from ..models import AdaptationJob, Cluster, Device, EnvReport, Link, ModelPlan, ModelSpec, Node, StageRun
 from ..topology import cluster_topology
 from . import serializers
+from .errors import ConflictError
 
 
 class TeamScopedViewSet(viewsets.GenericViewSet):
@@ -110,10 +111,31 @@ class ModelSpecViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Re
 
     def get_queryset(self):
         queryset = super().get_queryset()
-        return queryset.defer("config") if self.action == "list" else queryset
+        return queryset.defer("config", "analysis") if self.action == "list" else queryset
 
     def perform_create(self, serializer):
         serializer.save(created_by=self.request.user)
+
+    @extend_schema(request=serializers.PlanRequestSerializer, responses={201: serializers.ModelPlanSerializer})
+    @action(detail=True, methods=["post"])
+    def plan(self, request, pk=None):
+        """Plan the model on one of your clusters or a what-if one; the prediction is kept (``/api/model-plans/``)."""
+        spec = self.get_object()
+        plan_request = serializers.PlanRequestSerializer(data=request.data, context=self.get_serializer_context())
+        plan_request.is_valid(raise_exception=True)
+        data = plan_request.validated_data
+        cluster = data.get("cluster")
+        if cluster is not None:
+            devices = planning.cluster_devices(cluster)
+            if devices is None:
+                raise ConflictError(f"Cluster {cluster.name} has no online node with devices to plan on.")
+        else:
+            devices = {"devices_per_node": data["devices_per_node"], "nodes": data["nodes"],
+                       "device_memory_bytes": int(data["device_memory_gb"] * 1e9),
+                       "device_name": data["device_name"] or None}
+        workload = {"concurrency": data["concurrency"], "context_tokens": data["context_tokens"]}
+        kept = planning.record(spec, devices, data["precision"], workload, request.user, cluster=cluster)
+        return Response(serializers.ModelPlanSerializer(kept).data, status=status.HTTP_201_CREATED)
 
     def perform_destroy(self, instance):
         if instance.created_by_id != self.request.user.pk and not services.is_team_admin(self.request.user,
@@ -139,7 +161,7 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
     def get_queryset(self):
         queryset = super().get_queryset()
         if self.action == "list":
-            return queryset.defer("log", "error_traceback", "model__config")
+            return queryset.defer("log", "error_traceback", "model__config", "model__analysis")
         return queryset.prefetch_related("stage_runs")
 
     @extend_schema(request=None, responses={200: serializers.JobDetailSerializer})
@@ -168,6 +190,17 @@ class StageRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
     def get_queryset(self):
         queryset = super().get_queryset()
         return queryset.defer("result", "error_traceback") if self.action == "list" else queryset
+
+
+class ModelPlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
+    """Kept planner predictions, to compare with what sharded runs and sweeps measure."""
+
+    queryset = ModelPlan.objects.all()
+    serializer_class = serializers.ModelPlanSerializer
+    filterset_fields = ["model", "cluster"]
+    ordering_fields = ["created"]
+    ordering = ["-created"]
+    select_related = ("created_by",)
 
 
 class EnvReportViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):

@@ -1,5 +1,6 @@
 from .clusters import Cluster, Device, Link, Node
 from .jobs import AdaptationJob, StageRun
+from .plans import ModelPlan
 from .reports import EnvReport
 from .specs import ModelSpec
 from .teams import Membership, Team
@@ -11,6 +12,7 @@ __all__ = [
     "EnvReport",
     "Link",
     "Membership",
+    "ModelPlan",
     "ModelSpec",
     "Node",
     "StageRun",

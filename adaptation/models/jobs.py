@@ -13,6 +13,8 @@ from django.db.models import F, Value
 from django.db.models.functions import Concat
 from django.utils import timezone
 
+from workers.engine.stages import STAGES
+
 from ..choices import ACTIVE_STATUSES, TERMINAL_STATUSES, JobStatus, StageKind
 from .clusters import Cluster, Node
 from .specs import ModelSpec
@@ -108,8 +110,20 @@ class AdaptationJob(StatusTransitions):
                                     f"Known: {', '.join(StageKind.values)}.")
             elif len(set(stages)) != len(stages):
                 errors["stages"] = "Each stage can appear only once."
+            else:
+                needing = [kind for kind in stages if STAGES[kind].needs_model]
+                if needing and not self.model_id:
+                    errors["model"] = f"Stage(s) {', '.join(needing)} need a model: choose one."
         if not isinstance(self.parameters, dict):
             errors["parameters"] = "Parameters must be a JSON object."
+        elif isinstance(stages, list):
+            misplaced = [key for key, value in self.parameters.items()
+                         if not (key == "nodes" and isinstance(value, list)
+                                 or key in stages and isinstance(value, dict))]
+            if misplaced:
+                errors["parameters"] = (f"Unexpected parameter(s) {', '.join(misplaced)}: give \"nodes\" (a list of "
+                                        f"hostnames) and, per stage, an object under the stage's name, e.g. "
+                                        f"{{\"sharded_run\": {{\"tp\": 2}}}}.")
         if self.cluster_id and self.team_id and self.cluster.team_id != self.team_id:
             errors["cluster"] = "That cluster belongs to another team."
         if self.model_id and self.team_id and self.model.team_id != self.team_id:

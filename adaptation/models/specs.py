@@ -25,6 +25,8 @@ class ModelSpec(models.Model):
     name = models.CharField(max_length=200)
     config = models.JSONField(help_text="The released config.json, as uploaded.")
     source_note = models.TextField(blank=True, help_text="Where the config came from (release, revision).")
+    analysis = models.JSONField(null=True, blank=True, editable=False,
+                                help_text="d0's offline analysis of the config: sizes, memory, KV cache, mechanisms.")
     catalog_slug = models.CharField(max_length=100, blank=True, editable=False,
                                     help_text="The d0 catalog entry it was added from, if any.")
     architecture = models.CharField(max_length=200, blank=True, editable=False)
@@ -41,6 +43,20 @@ class ModelSpec(models.Model):
     def clean(self):
         if self.config is not None and not isinstance(self.config, dict):
             raise ValidationError({"config": "A config.json must be a JSON object ({...}), not a single value."})
+        if isinstance(self.config, dict) and (self.analysis is None or self._config_changed()):
+            # The analysis is the config's validation too: a config it cannot read is refused with its reason
+            # (it checks every dimension's range before building anything, so this never hangs or allocates).
+            from workers.engine.analysis import ConfigError, analyze
+
+            try:
+                self.analysis = analyze(self.config)
+            except ConfigError as error:
+                raise ValidationError({"config": f"d0 cannot read this config: {error}"}) from None
+
+    def _config_changed(self) -> bool:
+        if self.pk is None:
+            return True
+        return type(self).objects.filter(pk=self.pk).values_list("config", flat=True).first() != self.config
 
     def save(self, *args, **kwargs):
         self.architecture = architecture_of(self.config)

@@ -17,3 +17,28 @@ def billions(value) -> str:
     if value in (None, ""):
         return "—"
     return f"{value / 1e9:.3g} B"
+
+
+@register.filter
+def gib(value) -> str:
+    """Bytes as GiB, the unit device memory is sold in (and torch reports)."""
+    if value in (None, ""):
+        return "—"
+    return f"{value / 2**30:,.1f} GiB"
+
+
+@register.filter
+def gbps(value) -> str:
+    if value in (None, ""):
+        return "—"
+    return f"{value / 1e9:,.0f} GB/s"
+
+
+@register.filter
+def get(mapping, key):
+    return mapping.get(key) if isinstance(mapping, dict) else None
+
+
+@register.filter
+def humanize_key(value: str) -> str:
+    return str(value).replace("_", " ")

@@ -25,10 +25,19 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _address() -> str | None:
+    """The address other nodes reach this one at (a sharded run's rendezvous), as the host's name resolves."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return None
+
+
 def probe_host() -> dict:
     memory = psutil.virtual_memory()
     return {
         "hostname": socket.gethostname(),
+        "address": _address(),
         "os": platform.system(),
         "kernel": platform.release(),
         "platform": platform.platform(),

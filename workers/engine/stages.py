@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .coverage import op_coverage
 from .envcheck import env_check
 from .probe import env_probe
+from .sharding import shard_stage
 
 Progress = Callable[[float, str], None]
 Stage = Callable[[dict, Progress], dict]
@@ -23,11 +25,18 @@ class StageSpec:
     # Gated stages are refused on nodes whose latest env check failed or is too old (the pre-flight gate);
     # the checks themselves are not gated, or a node could never prove itself fit again.
     gated: bool
+    # Stages about a model get its config.json as params["config"]; a job for them must name a model.
+    needs_model: bool = False
+    # Where the control plane runs it: on "every" eligible node, or on a "group" of nodes forming one
+    # torch.distributed world (one stage run per node, each told its node_rank and the rendezvous).
+    placement: str = "every"
 
 
 STAGES: dict[str, StageSpec] = {
     "env_probe": StageSpec(env_probe, gated=False),
     "env_check": StageSpec(env_check, gated=False),
+    "op_coverage": StageSpec(op_coverage, gated=True, needs_model=True),
+    "sharded_run": StageSpec(shard_stage, gated=True, needs_model=True, placement="group"),
 }
 STAGE_KINDS = tuple(STAGES)
 

@@ -1,0 +1,113 @@
+"""Model intake on the control plane: analysis on upload, refusals with reasons, the model page's sizes and plans."""
+
+import json
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client
+
+from adaptation import services
+from adaptation.models import ModelPlan, ModelSpec
+
+
+def upload(config: dict, name="config.json"):
+    return SimpleUploadedFile(name, json.dumps(config).encode(), content_type="application/json")
+
+
+@pytest.fixture
+def deepseek(team, owner):
+    spec, _ = services.add_from_catalog(team=team, user=owner, slug="deepseek-v3")
+    return spec
+
+
+def test_an_uploaded_config_is_analysed_and_its_counts_kept(member_api, team):
+    config = json.load(open("adaptation/catalog/configs/qwen3-0.6b.json"))
+    response = member_api.post("/api/models/", {"config_file": upload(config, "qwen3-0.6b.json")}, format="multipart")
+    assert response.status_code == 201
+    detail = member_api.get(f"/api/models/{response.json()['id']}/").json()
+    assert detail["analysis"]["total_params"] == 596049920
+    assert detail["analysis"]["mechanisms"]["tied_embeddings"] is True
+
+
+@pytest.mark.parametrize("config, reason", [
+    ({"model_type": "llama", "num_hidden_layers": 32, "vocab_size": 32000}, "hidden"),
+    ({"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 10**9, "num_attention_heads": 32,
+      "vocab_size": 32000}, "num_hidden_layers"),
+    ({"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+      "vocab_size": 10**12}, "vocab_size"),
+    ({"model_type": "llama", "hidden_size": -4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+      "vocab_size": 32000}, "hidden_size"),
+    ({"model_type": "no-such-architecture", "flux_capacitance": 1.21}, "hidden"),
+])
+def test_a_config_d0_cannot_read_is_refused_with_its_reason(member_api, team, config, reason):
+    response = member_api.post("/api/models/", {"name": "bad", "config": config}, format="json")
+    assert response.status_code == 400
+    [message] = response.json()["config"]
+    assert message.startswith("d0 cannot read this config:") and reason in message
+    assert not ModelSpec.objects.exists()
+
+
+def test_the_upload_form_shows_why_a_config_was_refused(member, team):
+    client = Client()
+    client.force_login(member)
+    response = client.post("/models/new/", {"name": "bad", "config_file": upload({"model_type": "llama"})})
+    assert "d0 cannot read this config" in response.content.decode()
+
+
+def test_the_model_page_says_deepseek_v3_bf16_needs_two_h200_nodes_and_fp8_fits_one(member, deepseek):
+    client = Client()
+    client.force_login(member)
+    page = client.get(f"/models/{deepseek.pk}/", {"devices_per_node": 8, "device_memory_gb": 141, "nodes": 1,
+                                                   "device_name": "H200", "precision": "bf16", "concurrency": 32,
+                                                   "context_tokens": 8192}).content.decode()
+    assert "671 B" in page and "37.6 B" in page
+    what_if = page[page.index('id="what-if"'):]
+    assert "Does not fit on 8 × 1 device(s)" in what_if and "One node does not fit" in what_if
+    assert "Smallest that fits: 16 device(s) at least, 2 node(s)." in what_if
+    fp8 = client.get(f"/models/{deepseek.pk}/", {"devices_per_node": 8, "device_memory_gb": 141, "nodes": 1,
+                                                  "device_name": "H200", "precision": "fp8", "concurrency": 32,
+                                                  "context_tokens": 8192}).content.decode()
+    assert "One node is enough." in fp8[fp8.index('id="what-if"'):]
+
+
+def test_a_kept_prediction_is_stored_for_later_comparison(member, deepseek):
+    client = Client()
+    client.force_login(member)
+    form = {"devices_per_node": 8, "device_memory_gb": 141, "nodes": 2, "device_name": "H200", "precision": "bf16",
+            "concurrency": 32, "context_tokens": 8192}
+    response = client.post(f"/models/{deepseek.pk}/", form)
+    assert response.status_code == 302
+    kept = ModelPlan.objects.get()
+    assert (kept.model, kept.created_by, kept.request["precision"], kept.result["fits"]) == (deepseek, member, "bf16",
+                                                                                            True)
+    assert kept.result["smallest_layouts"][0]["decode_tokens_per_s"] > 0
+
+
+def test_a_plan_for_an_impossible_cluster_is_a_form_error_not_a_500(member, deepseek):
+    client = Client()
+    client.force_login(member)
+    response = client.get(f"/models/{deepseek.pk}/", {"devices_per_node": 300, "device_memory_gb": 141, "nodes": 1,
+                                                       "precision": "bf16", "concurrency": 32, "context_tokens": 8192})
+    assert response.status_code == 200
+    assert "Ensure this value is less than or equal to 256" in response.content.decode()
+
+
+def test_the_model_page_plans_on_the_teams_own_clusters(member, deepseek, node):
+    client = Client()
+    client.force_login(member)
+    page = client.get(f"/models/{deepseek.pk}/").content.decode()
+    assert "On cluster" in page and "h100-pod" in page
+    assert "Does not fit" in page  # one 1 GiB CPU "device"
+
+
+def test_the_api_plans_a_what_if_cluster_and_keeps_the_prediction(member_api, outsider_api, deepseek):
+    response = member_api.post(f"/api/models/{deepseek.pk}/plan/", {
+        "devices_per_node": 8, "device_memory_gb": 141, "device_name": "H200", "precision": "fp8"}, format="json")
+    assert response.status_code == 201, response.json()
+    result = response.json()["result"]
+    assert result["fits"] is True and result["one_node"]["fits"] is True
+    assert member_api.get("/api/model-plans/").json()["results"][0]["id"] == response.json()["id"]
+    assert member_api.post(f"/api/models/{deepseek.pk}/plan/", {"precision": "bf16"}, format="json").json() == {
+        "non_field_errors": ["Give a cluster, or devices_per_node and device_memory_gb."]}
+    assert outsider_api.post(f"/api/models/{deepseek.pk}/plan/", {}, format="json").status_code == 404
+    assert outsider_api.get("/api/model-plans/").json()["count"] == 0

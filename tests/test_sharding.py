@@ -1,0 +1,183 @@
+"""Sharded validation runs on CPU: real torch.distributed (gloo) ranks started as processes, each run checked
+against the single-process fp32 reference. Models are 2 layers of width 64 with a 512-token vocabulary, built
+from the shipped config.json files, so a run of two ranks takes a few seconds."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from workers.engine.sharding import ShardedRunError, run_sharded, shard_stage, small_config
+from workers.engine.sharding.layout import Layout
+
+CONFIGS = Path(__file__).parent.parent / "adaptation" / "catalog" / "configs"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def load(name: str) -> dict:
+    return json.loads((CONFIGS / name).read_text())
+
+
+def assert_matches_reference(report: dict) -> None:
+    assert report["correct"], {key: report[key] for key in ("max_abs_diff", "greedy_tokens_matching", "tokens")}
+    assert report["max_abs_diff"] <= 1e-4
+    assert report["greedy_match"] and report["greedy_tokens"] == 17  # the prefill's token + 16 decode steps
+    assert report["top1_agreement"] == 1.0
+
+
+def rank_processes_left() -> list:
+    return psutil.Process().children(recursive=True)
+
+
+def test_small_config_keeps_deepseek_v3s_layer_kinds_and_routing_shape():
+    small = small_config(load("deepseek-v3.json"))
+    assert small["num_hidden_layers"] == 2 and small["first_k_dense_replace"] == 1  # one dense, one MoE layer
+    assert small["num_key_value_heads"] == small["num_attention_heads"]  # MLA keeps one KV head per query head
+    assert small["n_routed_experts"] == 8 and small["n_shared_experts"] == 1
+    assert small["n_group"] == 4 and small["topk_group"] == 2  # still group-limited routing
+    assert "quantization_config" not in small and "auto_map" not in small
+
+
+def test_expert_parallel_across_other_ranks_than_the_tensor_split_is_refused():
+    with pytest.raises(ValueError, match="ep must equal tp"):
+        Layout(tp=2, ep=4)
+
+
+def test_tensor_parallel_llama_on_two_processes_matches_the_reference():
+    report = run_sharded(load("llama-3.1-8b.json"), tp=2, timeout_s=120)
+    assert_matches_reference(report)
+    assert report["world_size"] == 2 and report["backend"] == "gloo"
+    assert "model.layers.*.self_attn.q_proj" in report["layout"]["tensor_plan"]["colwise"]
+    for rank in report["ranks"]:
+        assert rank["collectives"]["by_kind"]["all_reduce"]["calls"] > 0
+        assert rank["prefill_s"] > 0 and rank["decode_s_per_step"] > 0 and rank["peak_rss_bytes"] > 0
+    assert report["ranks"][0]["held_parameter_bytes"] == report["ranks"][1]["held_parameter_bytes"]
+
+
+def test_tensor_parallel_qwen3_moe_splits_each_expert_and_matches_the_reference():
+    report = run_sharded(load("qwen3-30b-a3b.json"), tp=2, timeout_s=120)
+    assert_matches_reference(report)
+    assert "model.layers.*.mlp.experts.gate_up_proj" in report["layout"]["tensor_plan"]["packed_colwise"]
+    assert "warning" in report["routing"]
+
+
+def test_pipeline_parallel_mixtral_from_a_local_safetensors_checkpoint_matches_the_reference(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from workers.engine.sharding.configs import transformers_config
+
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_config(transformers_config(small_config(load("mixtral-8x7b-v0.1.json"))))
+    model.save_pretrained(tmp_path)
+    report = run_sharded(None, pp=2, weights_path=str(tmp_path), timeout_s=120)
+    assert_matches_reference(report)
+    assert report["layout"]["stages"] == [[0, 0], [1, 1]]
+    assert [rank["layers"] for rank in report["ranks"]] == [[0, 0], [1, 1]]
+    assert report["ranks"][0]["collectives"]["by_kind"]["send"]["calls"] == 17
+    assert "warning" not in report["routing"]  # real (if tiny) weights: no random-routing caveat
+
+
+def test_expert_parallel_qwen3_moe_dispatches_tokens_and_reports_routing_imbalance():
+    report = run_sharded(load("qwen3-30b-a3b.json"), ep=2, timeout_s=120)
+    assert_matches_reference(report)
+    assert report["layout"]["experts_per_rank"] == 4
+    assert report["ranks"][0]["collectives"]["by_kind"]["all_to_all"]["calls"] > 0
+    layer = report["routing"]["layers"]["0"]
+    prompt_and_decode_tokens = 8 + 16
+    assert sum(layer["tokens_per_expert"]) == prompt_and_decode_tokens * report["model"]["experts_per_token"]
+    assert layer["imbalance"] >= 1.0 and len(layer["tokens_per_ep_rank"]) == 2
+    assert "random weights" in report["routing"]["warning"]
+
+
+def test_deepseek_v3_with_experts_spread_over_the_tensor_parallel_ranks_matches_the_reference():
+    report = run_sharded(load("deepseek-v3.json"), tp=2, ep=2, timeout_s=120)
+    assert_matches_reference(report)
+    assert report["world_size"] == 2 and report["layout"]["experts_per_rank"] == 4
+    assert list(report["routing"]["layers"]) == ["1"]  # layer 0 stays dense, as first_k_dense_replace says
+
+
+def test_a_mis_split_fused_projection_is_reported_incorrect_with_the_diff():
+    report = run_sharded(load("mixtral-8x7b-v0.1.json"), tp=2, fault="corrupt_shard", timeout_s=120)
+    assert report["correct"] is False
+    assert report["max_abs_diff"] > 1e-3
+    assert report["ranks"][1]["corrupted"] == {"tensor": "model.layers.0.mlp.experts.gate_up_proj"}
+
+
+def test_bf16_on_the_node_device_is_within_the_bf16_bound_of_the_fp32_cpu_reference():
+    # One rank: the comparison is the device and dtype against the CPU fp32 reference, not the split.
+    report = run_sharded(load("llama-3.1-8b.json"), dtype="bf16", timeout_s=120)
+    assert report["correct"] and report["dtype"] == "bf16" and report["reference"]["dtype"] == "fp32"
+    assert 1e-4 < report["max_rel_diff"] <= report["thresholds"]["max_rel_diff"]  # rounding shows, within bound
+    assert report["top1_agreement"] >= 0.9
+
+
+def test_two_launcher_calls_on_separate_nodes_form_one_world_and_match_the_reference():
+    from workers.engine.sharding.launcher import free_port
+
+    port = free_port()
+    config = json.dumps(load("llama-3.1-8b.json"))
+    callers = []
+    try:
+        for node_rank in (0, 1):
+            code = ("import json, sys; from workers.engine.sharding import run_sharded; "
+                    f"report = run_sharded(json.loads(sys.argv[1]), tp=2, device='cpu', timeout_s=90, rendezvous=dict("
+                    f"master_addr='127.0.0.1', master_port={port}, world_size=2, node_rank={node_rank}, "
+                    "nproc_per_node=1)); print(json.dumps(report))")
+            callers.append(subprocess.Popen([sys.executable, "-c", code, config], cwd=REPO_ROOT,
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        outputs = [caller.communicate(timeout=100) for caller in callers]
+    finally:
+        for caller in callers:
+            if caller.poll() is None:
+                caller.kill()
+                caller.wait()
+    assert [caller.returncode for caller in callers] == [0, 0], [err[-2000:] for _, err in outputs]
+    reports = [json.loads(out) for out, _ in outputs]
+    for report in reports:
+        assert_matches_reference(report)
+        assert report["world_size"] == 2
+        assert [rank["node_rank"] for rank in report["ranks"]] == [0, 1]
+    assert reports[0]["tokens"] == reports[1]["tokens"]
+
+
+def test_a_hung_rank_ends_the_run_at_the_deadline_naming_it_and_leaves_no_processes():
+    started = time.monotonic()
+    with pytest.raises(ShardedRunError, match="did not finish within 20s") as raised:
+        run_sharded(load("llama-3.1-8b.json"), tp=2, fault="hang_rank_1", timeout_s=20)
+    assert time.monotonic() - started < 30
+    assert "rank 1 running, last output: 'fault hang_rank_1: rank 1 stops responding after prefill'" \
+        in str(raised.value)
+    assert rank_processes_left() == []
+
+
+def test_a_killed_rank_ends_the_run_at_once_with_a_clear_error_and_leaves_no_processes():
+    started = time.monotonic()
+    with pytest.raises(ShardedRunError, match="rank 1 killed by SIGKILL") as raised:
+        run_sharded(load("llama-3.1-8b.json"), tp=2, fault="kill_rank_1", timeout_s=120)
+    assert time.monotonic() - started < 60  # well before the deadline
+    assert "kill_rank_1" in str(raised.value)  # what it printed last
+    assert {rank["state"] for rank in raised.value.ranks} >= {"killed by SIGKILL"}
+    assert rank_processes_left() == []
+
+
+def test_the_cli_prints_the_report_as_json_without_django():
+    code = ("import sys; [sys.modules.__setitem__(n, None) for n in ('django', 'adaptation', 'd0web')]; "
+            "import runpy; "
+            f"sys.argv = ['x', 'shard', '{CONFIGS / 'mixtral-8x7b-v0.1.json'}', '--tp', '2', '--decode-steps', '4', "
+            "'--device', 'cpu', '--timeout', '120', '--json']; runpy.run_module('workers.engine', run_name='__main__')")
+    finished = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=150)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    report = json.loads(finished.stdout)
+    assert {"world_size", "layout", "correct", "max_abs_diff", "greedy_match", "ranks"} <= set(report)
+    assert report["correct"] and report["world_size"] == 2 and len(report["ranks"]) == 2
+
+
+def test_the_shard_stage_refuses_an_unknown_parameter_before_starting_ranks():
+    with pytest.raises(ValueError, match="unknown shard parameters: tensor_parallel"):
+        shard_stage({"config": load("llama-3.1-8b.json"), "tensor_parallel": 2}, lambda fraction, message: None)

@@ -1,0 +1,79 @@
+"""Pipeline parallelism: contiguous layers per stage, hidden states sent stage to stage with send/recv.
+
+Explicit send/recv instead of ``torch.distributed.pipelining``: its schedules are built for training (micro-
+batches of a fixed shape, a backward pass), while a validation run does one prefill of P tokens and then decode
+steps of one token each with a growing KV cache, a shape and state pattern those schedules do not model. With a
+single sequence there is nothing to overlap, so a plain stage-after-stage pass loses no time that matters here.
+
+Each stage keeps the transformers model whole but replaces the layers it does not own with ``SkippedLayer``, so
+the model's own forward (masks, rotary embeddings, cache handling, per-layer kinds) runs unchanged on every
+stage; only the first stage embeds tokens and only the last one has the final norm and the LM head.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .layout import stage_layer_ranges
+
+
+class SkippedLayer(nn.Module):
+    """A decoder layer that another stage runs: passes hidden states through and keeps the cache's length right.
+
+    transformers reads the past length from the cache's first layer (and sizes attention masks from it); on a
+    stage that does not own layer 0 that layer would stay empty, so a one-wide zero placeholder is recorded for
+    every skipped layer. It costs one number per token per skipped layer.
+    """
+
+    def __init__(self, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+
+    def forward(self, hidden_states, *args, **kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if cache is not None:
+            batch, length = hidden_states.shape[:2]
+            placeholder = hidden_states.new_zeros(batch, 1, length, 1)
+            cache.update(placeholder, placeholder, self.layer_idx)
+        return hidden_states
+
+
+def keep_stage(model, stage: int, pp: int, *, corrupt: bool = False) -> dict:
+    """Reduce ``model`` in place to pipeline stage ``stage`` of ``pp``; returns the stage's layer range.
+
+    ``corrupt`` is the deliberate fault: the last stage's first layer loads the weights of the layer before it,
+    a stage boundary placed one layer off.
+    """
+    layers = model.model.layers
+    ranges = stage_layer_ranges(len(layers), pp)
+    owned = ranges[stage]
+    corrupted = None
+    if corrupt and stage == pp - 1 and owned.start > 0:
+        previous = layers[owned.start - 1].state_dict()
+        target = layers[owned.start]
+        matching = {key: value for key, value in previous.items()
+                    if key in target.state_dict() and target.state_dict()[key].shape == value.shape}
+        target.load_state_dict(matching, strict=False)
+        corrupted = f"layer {owned.start} holds layer {owned.start - 1}'s weights"
+    for index in range(len(layers)):
+        if index not in owned:
+            layers[index] = SkippedLayer(index)
+    if stage > 0:
+        model.model.embed_tokens = None
+    if stage < pp - 1:
+        model.model.norm = nn.Identity()
+        model.lm_head = None
+    return {"layers": [owned.start, owned.stop - 1], "all_stages": [[r.start, r.stop - 1] for r in ranges],
+            "corrupted": corrupted}
+
+
+def stage_forward(model, *, first: bool, last: bool, input_ids=None, hidden_states=None, position_ids, cache):
+    """One forward pass of this stage: logits on the last stage, hidden states on the others.
+
+    The last stage calls the full causal-LM forward so any head-side step of the architecture (logit scaling or
+    soft-capping) runs as in the reference.
+    """
+    inputs = {"input_ids": input_ids} if first else {"inputs_embeds": hidden_states}
+    if last:
+        return model(**inputs, position_ids=position_ids, cache=cache, use_cache=True).logits
+    return model.model(**inputs, position_ids=position_ids, cache=cache, use_cache=True).last_hidden_state

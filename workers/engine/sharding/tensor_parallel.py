@@ -1,0 +1,192 @@
+"""Tensor parallelism driven by the model's own plan (``model.tp_plan``, declared by transformers per architecture).
+
+The split is done here by hand instead of with transformers' ``tp_plan="auto"`` / DTensor: every collective the
+sharded model issues then goes through ``CollectiveMeter`` (so it is timed and counted), a fault can mis-split one
+shard on purpose, and the same code runs on gloo and nccl. The meaning of each style is transformers':
+
+- ``colwise``: output features split (weight rows, bias); the next module consumes the local part.
+- ``rowwise``: input features split (weight columns); partial outputs are summed with all_reduce. On a 3-D
+  experts parameter the sum is left to the experts module (``moe_tp_experts``).
+- ``packed_colwise``: a fused [gate; up] projection, split per part so each rank keeps matching gate and up rows.
+- ``moe_tp_experts``: the experts module's output is a partial sum over the intermediate split: all_reduce.
+- ``colwise_gather_output``: the LM head split by vocabulary; logits are all-gathered.
+- ``embedding_rowwise``: the embedding table split by vocabulary; each rank looks up its rows, all_reduce.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+REPLICATED_STYLES = ("replicated_with_grad_allreduce", "replicated")
+COLUMN_STYLES = ("colwise", "packed_colwise")
+
+
+@dataclass
+class Group:
+    """The ranks of one pipeline stage that share its tensor/expert split."""
+
+    handle: object  # a torch.distributed ProcessGroup
+    rank: int
+    size: int
+
+
+def _pattern(plan_key: str) -> re.Pattern:
+    return re.compile(re.escape(plan_key).replace(r"\*", r"\d+"))
+
+
+def _take(tensor, dim: int, index: int, parts: int, name: str):
+    size = tensor.shape[dim]
+    if size % parts:
+        raise ValueError(f"{name}: {size} along dim {dim} does not split into {parts} equal shards")
+    step = size // parts
+    return tensor.narrow(dim, index * step, step)
+
+
+def split(tensor, dim: int, group: Group, name: str, *, packed: bool = False, misplit: bool = False):
+    """This rank's shard of ``tensor`` along ``dim``, as a copy so the full tensor's storage can be freed.
+
+    ``misplit`` is the deliberate fault: a fused projection split as one block (rank r gets rows of the wrong
+    part), or a plain one given the neighbouring rank's rows.
+    """
+    import torch
+
+    index = (group.rank + 1) % group.size if misplit and not packed else group.rank
+    parts = tensor.chunk(2, dim) if packed and not misplit else (tensor,)
+    return torch.cat([_take(part, dim, index, group.size, name) for part in parts], dim).clone()
+
+
+def _set_parameter(owner, attribute: str, value) -> None:
+    import torch
+
+    setattr(owner, attribute, torch.nn.Parameter(value, requires_grad=False))
+
+
+def _owner(model, name: str):
+    owner_name, _, attribute = name.rpartition(".")
+    return model.get_submodule(owner_name), attribute
+
+
+def _reduce_output_hook(meter, group: Group):
+    def hook(_module, _args, output):
+        tensor = output[0] if isinstance(output, tuple) else output
+        if tensor.is_contiguous():
+            meter.all_reduce(tensor, group.handle)
+            return output
+        tensor = tensor.contiguous()
+        meter.all_reduce(tensor, group.handle)
+        return (tensor, *output[1:]) if isinstance(output, tuple) else tensor
+
+    return hook
+
+
+def _gather_output_hook(meter, group: Group):
+    import torch
+
+    def hook(_module, _args, output):
+        return torch.cat(meter.all_gather(output.contiguous(), group.handle, group.size), dim=-1)
+
+    return hook
+
+
+def _vocab_parallel_hooks(meter, group: Group, start: int, end: int):
+    """Hooks that make an embedding holding rows [start, end) look up only its ids and sum over the group."""
+
+    outside_by_module = {}
+
+    def before(module, args):
+        ids = args[0]
+        outside = (ids < start) | (ids >= end)
+        outside_by_module[module] = outside
+        return ((ids - start).masked_fill(outside, 0), *args[1:])
+
+    def after(module, _args, output):
+        output = output.masked_fill(outside_by_module.pop(module).unsqueeze(-1), 0)
+        meter.all_reduce(output, group.handle)
+        return output
+
+    return before, after
+
+
+def _fault_target(plan: dict, targets: dict) -> str | None:
+    """The MLP column split of the lowest layer this rank holds: where ``corrupt_shard`` mis-splits."""
+    candidates = [name for key, style in plan.items() if style in COLUMN_STYLES for name in targets.get(key, ())
+                  if ".mlp." in name]
+    layer = re.compile(r"\.layers\.(\d+)\.")
+    return min(candidates, key=lambda name: int(layer.search(name).group(1)), default=None)
+
+
+def apply_tensor_parallel(model, group: Group, meter, *, skip_modules: tuple[type, ...] = (),
+                          corrupt: bool = False) -> dict:
+    """Split ``model`` in place per its tp plan; returns what was split how (and what the fault touched).
+
+    ``corrupt`` mis-splits one MLP projection on the group's last rank (see ``split``).
+    """
+    plan = dict(model.tp_plan or {})
+    if not plan:
+        raise ValueError(f"{type(model).__name__} declares no tensor-parallel plan")
+    modules = dict(model.named_modules())
+    parameters = dict(model.named_parameters())
+    skipped_prefixes = tuple(f"{name}." for name, module in modules.items() if isinstance(module, skip_modules))
+    targets = {}
+    for key in plan:
+        pattern = _pattern(key)
+        names = [name for name in (*modules, *parameters) if pattern.fullmatch(name)]
+        targets[key] = [name for name in names if not (name in modules and isinstance(modules[name], skip_modules))
+                        and not name.startswith(skipped_prefixes)]
+    fault_target = _fault_target(plan, targets) if corrupt and group.rank == group.size - 1 else None
+    summary: dict[str, list[str]] = {}
+    for key, style in plan.items():
+        for name in targets[key]:
+            _apply_style(model, modules, name, style, group, meter, misplit=name == fault_target)
+        if targets[key]:
+            summary.setdefault(style, []).append(key)
+    return {"plan": summary, "corrupted": fault_target}
+
+
+def _apply_style(model, modules: dict, name: str, style: str, group: Group, meter, *, misplit: bool) -> None:
+    import torch
+
+    module = modules.get(name)
+    if style in REPLICATED_STYLES:
+        return
+    if module is None:  # a parameter of an experts module, shaped [experts, out, in] unless transposed
+        owner, attribute = _owner(model, name)
+        transposed = getattr(owner, "is_transposed", False)
+        out_dim, in_dim = (-1, -2) if transposed else (-2, -1)
+        tensor = getattr(owner, attribute).data
+        if style in COLUMN_STYLES:
+            # An interleaved [g0, u0, g1, u1, ...] layout keeps gate and up together under a contiguous split.
+            packed = style == "packed_colwise" and getattr(owner, "is_concatenated", True)
+            _set_parameter(owner, attribute, split(tensor, out_dim, group, name, packed=packed, misplit=misplit))
+        elif style == "rowwise":
+            _set_parameter(owner, attribute, split(tensor, in_dim, group, name))
+        else:
+            raise ValueError(f"tensor-parallel style {style!r} on parameter {name} is not supported")
+        return
+    if style == "colwise" and isinstance(module, torch.nn.Linear):
+        _set_parameter(module, "weight", split(module.weight.data, 0, group, name, misplit=misplit))
+        if module.bias is not None:
+            _set_parameter(module, "bias", split(module.bias.data, 0, group, name, misplit=misplit))
+    elif style == "rowwise" and isinstance(module, torch.nn.Linear):
+        _set_parameter(module, "weight", split(module.weight.data, 1, group, name))
+        if module.bias is not None and group.rank:
+            # The bias is added once: kept on group rank 0, zero elsewhere, restored by the all_reduce.
+            _set_parameter(module, "bias", torch.zeros_like(module.bias.data))
+        module.register_forward_hook(_reduce_output_hook(meter, group))
+    elif style == "moe_tp_experts":
+        module.register_forward_hook(_reduce_output_hook(meter, group))
+    elif style == "colwise_gather_output" and isinstance(module, torch.nn.Linear):
+        _set_parameter(module, "weight", split(module.weight.data, 0, group, name))
+        if module.bias is not None:
+            _set_parameter(module, "bias", split(module.bias.data, 0, group, name))
+        module.register_forward_hook(_gather_output_hook(meter, group))
+    elif style == "embedding_rowwise" and isinstance(module, torch.nn.Embedding):
+        rows = module.weight.shape[0] // group.size
+        _set_parameter(module, "weight", split(module.weight.data, 0, group, name))
+        module.padding_idx = None  # a global id; it only matters for training, and F.embedding checks it
+        before, after = _vocab_parallel_hooks(meter, group, group.rank * rows, (group.rank + 1) * rows)
+        module.register_forward_pre_hook(before)
+        module.register_forward_hook(after)
+    else:
+        raise ValueError(f"tensor-parallel style {style!r} on {name} ({type(module).__name__}) is not supported")

@@ -7,6 +7,7 @@ transaction that created their rows commits (NetBox's ``Job.enqueue``), and carr
 from __future__ import annotations
 
 import logging
+import secrets
 import uuid
 from traceback import format_exc
 from collections.abc import Iterable
@@ -24,7 +25,7 @@ from workers.engine.stages import STAGES
 
 from . import catalog, preflight, stage_results
 from .choices import ACTIVE_STATUSES, JobStatus, NodeStatus, TeamRole
-from .models import AdaptationJob, Cluster, Device, ModelSpec, Node, StageRun, Team
+from .models import AdaptationJob, Cluster, Device, ModelSpec, Node, StageRun, Team, VirtualBackend
 
 logger = logging.getLogger(__name__)
 
@@ -199,15 +200,38 @@ def stage_parameters(job: AdaptationJob, kind: str) -> dict:
         params.setdefault("expected_devices_per_node", job.cluster.expected_devices_per_node)
     if STAGES[kind].needs_model:
         params["config"] = job.model.config
+    if kind == "op_coverage" and params.get("virtual_backends"):
+        # Ids of the team's virtual backends become the operator lists the node judges against.
+        backends = VirtualBackend.objects.filter(team=job.team, pk__in=params["virtual_backends"])
+        params["virtual_backends"] = [{"name": backend.name, "operators": backend.operators} for backend in backends]
     return params
+
+
+def measured_hardware(node: Node) -> dict | None:
+    """What the node's latest env check measured, as the sweep's roofline wants it (None if never checked)."""
+    devices = list(node.devices.all())
+    measured = [device.measured for device in ([d for d in devices if d.kind != "cpu"] or devices) if device.measured]
+    if not measured:
+        return None
+    first = measured[0]
+    hardware = {"flops_per_s": {dtype: value for dtype, value in (first.get("matmul_flops_per_s") or {}).items()
+                                if value}}
+    if first.get("copy_bandwidth_bytes_per_s"):
+        hardware["memory_bandwidth_bytes_per_s"] = first["copy_bandwidth_bytes_per_s"]
+    return hardware
 
 
 def stage_assignments(job: AdaptationJob, kind: str, nodes: list[Node]) -> list[tuple[Node, dict]]:
     """(node, params) for each stage run of ``kind``: every eligible node, or for a "group" stage (a sharded run)
     ``node_count`` nodes forming one torch.distributed world, rendezvousing on the first one (torchrun's
-    env:// method: its address and a port derived from the job, so two jobs never share one)."""
+    env:// method: its address and a port)."""
     params = stage_parameters(job, kind)
-    if STAGES[kind].placement != "group":
+    placement = STAGES[kind].placement
+    if placement == "one":
+        if kind == "sweep" and "hardware" not in params:
+            params["hardware"] = measured_hardware(nodes[0])
+        return [(nodes[0], params)]
+    if placement != "group":
         return [(node, params) for node in nodes]
     node_count = int(params.pop("node_count", 1))
     if node_count < 1 or node_count > len(nodes):
@@ -219,7 +243,9 @@ def stage_assignments(job: AdaptationJob, kind: str, nodes: list[Node]) -> list[
         raise ValueError(f"a world of {world_size} ranks does not split evenly over {node_count} nodes")
     chosen = nodes[:node_count]
     master = chosen[0].host_facts.get("address") or chosen[0].hostname
-    rendezvous = {"master_addr": master, "master_port": 29500 + job.pk % 500, "world_size": world_size,
+    # The port cannot be checked free on a remote node: a random one from a range torchrun users leave alone
+    # makes two concurrent runs (or two control planes on one host) unlikely to meet.
+    rendezvous = {"master_addr": master, "master_port": 20000 + secrets.randbelow(10000), "world_size": world_size,
                   "nproc_per_node": world_size // node_count}
     return [(node, {**params, "rendezvous": {**rendezvous, "node_rank": rank}}) for rank, node in enumerate(chosen)]
 

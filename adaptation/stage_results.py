@@ -9,6 +9,7 @@ from __future__ import annotations
 from django.db import transaction
 
 from .choices import InterconnectKind
+from .coverage import store_op_coverage
 from .models import EnvReport, Link, StageRun
 
 
@@ -59,7 +60,7 @@ def _replace_links(node, devices, reported_links) -> None:
         )
 
 
-HANDLERS = {"env_check": store_env_check}
+HANDLERS = {"env_check": store_env_check, "op_coverage": store_op_coverage}
 
 
 def store(run: StageRun) -> None:

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import sharded_runs, views
+from . import coverage_pages, sharded_runs, sweep_reports, views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -21,6 +21,14 @@ urlpatterns = [
     path("jobs/<int:pk>/cancel/", views.job_cancel, name="job-cancel"),
     path("jobs/<int:pk>/retry/", views.job_retry, name="job-retry"),
     path("account/token/", views.api_token, name="api-token-page"),
+    path("sweeps/compare/", sweep_reports.compare_page, name="sweep-compare"),
+    path("sweeps/<int:pk>/", sweep_reports.report_page, name="sweep-report"),
+    path("sweeps/<int:pk>/report.html", sweep_reports.report_html, name="sweep-report-html"),
+    path("sweeps/<int:pk>/report.json", sweep_reports.report_json, name="sweep-report-json"),
+    path("sweeps/<int:pk>/trials.csv", sweep_reports.report_csv, name="sweep-report-csv"),
+    path("coverage/", coverage_pages.coverage_overview, name="coverage"),
+    path("coverage/diff/", coverage_pages.coverage_diff, name="coverage-diff"),
+    path("models/<int:pk>/coverage/", coverage_pages.model_coverage, name="model-coverage"),
     path("stage-runs/<int:pk>/sharded/", sharded_runs.sharded_run_page, name="sharded-run"),
     path("models/<int:pk>/sharded-runs/", sharded_runs.compare_runs_page, name="sharded-run-compare"),
 ]

@@ -8,6 +8,7 @@ from django.core.paginator import Paginator
 from django.db.models import Count, Prefetch, Q
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 from rest_framework.authtoken.models import Token
 
@@ -201,6 +202,21 @@ def _job_for(request, pk):
     )
 
 
+def stage_page(job: AdaptationJob, run: StageRun) -> str | None:
+    """The page that shows what a stage run found, once it has a result."""
+    if run.status != "succeeded" and run.kind != "sharded_run":
+        return None
+    if run.kind == "env_check":
+        return reverse("cluster-topology", args=[job.cluster_id])
+    if run.kind == "op_coverage":
+        return reverse("model-coverage", args=[job.model_id])
+    if run.kind == "sharded_run" and run.status in ("succeeded", "failed"):
+        return reverse("sharded-run", args=[run.pk])
+    if run.kind == "sweep":
+        return reverse("sweep-report", args=[run.pk])
+    return None
+
+
 def job_progress_payload(job: AdaptationJob) -> dict:
     runs = StageRun.objects.filter(job=job).defer("result").order_by("id")
     return {
@@ -214,7 +230,7 @@ def job_progress_payload(job: AdaptationJob) -> dict:
         "log": job.log,
         "stage_runs": [
             {"id": run.pk, "kind": run.kind, "node": run.node_name, "status": run.status,
-             "progress": run.progress, "message": run.message, "error": run.error}
+             "progress": run.progress, "message": run.message, "error": run.error, "page": stage_page(job, run)}
             for run in runs
         ],
     }

@@ -145,10 +145,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="stages run at once (default 1: stages use the node's devices exclusively)")
     parser.add_argument("--heartbeat", type=float, default=float(os.environ.get("D0_HEARTBEAT_INTERVAL", 10)),
                         help="seconds between heartbeats")
+    parser.add_argument("--address", default=os.environ.get("D0_NODE_ADDRESS"),
+                        help="address other nodes reach this one at, for multi-node sharded runs "
+                             "(default: what the hostname resolves to)")
     parser.add_argument("--loglevel", default="info")
     args = parser.parse_args(argv)
     if not args.broker:
         parser.error("no broker: pass --broker redis://HOST:6379/0 or set D0_BROKER_URL")
+    if args.address:
+        os.environ["D0_NODE_ADDRESS"] = args.address  # read by the probe the registration sends
     configure(args.broker, args.cluster, args.hostname, args.heartbeat)
     app.worker_main([
         "worker",

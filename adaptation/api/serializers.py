@@ -4,8 +4,8 @@ from rest_framework import serializers
 from .. import catalog, services
 from ..choices import StageKind
 from ..configs import check_config, model_name, read_config_upload
-from ..models import (AdaptationJob, Cluster, Device, EnvReport, Link, ModelPlan, ModelSpec, Node, StageRun,
-                      Team)
+from ..models import (AdaptationJob, Cluster, CoverageReport, Device, EnvReport, Link, ModelPlan, ModelSpec, Node,
+                      OperatorRecord, StageRun, Team, VirtualBackend)
 from .errors import as_drf_validation_error
 
 
@@ -255,3 +255,40 @@ class ModelPlanSerializer(serializers.ModelSerializer):
         model = ModelPlan
         fields = ["id", "model", "cluster", "request", "result", "created_by", "created"]
         read_only_fields = fields
+
+
+class CoverageReportSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = CoverageReport
+        fields = ["id", "model", "job", "stage_run", "node", "backend", "dtype", "coverage", "new_operators",
+                  "report", "created"]
+        read_only_fields = fields
+
+
+class CoverageReportListSerializer(CoverageReportSerializer):
+    gaps = serializers.SerializerMethodField()
+
+    class Meta(CoverageReportSerializer.Meta):
+        fields = ["id", "model", "job", "node", "backend", "dtype", "coverage", "new_operators", "created", "gaps"]
+        read_only_fields = fields
+
+    def get_gaps(self, report) -> list[str]:
+        return report.report.get("summary", {}).get("gaps", [])
+
+
+class OperatorRecordSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = OperatorRecord
+        fields = ["id", "backend", "operator", "status", "first_seen", "last_verified", "first_model"]
+        read_only_fields = fields
+
+
+class VirtualBackendSerializer(ValidatedModelSerializer):
+    team = TeamField()
+    operators = serializers.ListField(child=serializers.CharField(max_length=200), allow_empty=False,
+                                      max_length=100_000, help_text="aten operator names")
+
+    class Meta:
+        model = VirtualBackend
+        fields = ["id", "team", "name", "description", "operators", "created"]
+        validators = []

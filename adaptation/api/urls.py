@@ -15,10 +15,14 @@ router.register("jobs", views.JobViewSet)
 router.register("stage-runs", views.StageRunViewSet)
 router.register("env-reports", views.EnvReportViewSet)
 router.register("model-plans", views.ModelPlanViewSet)
+router.register("coverage-reports", views.CoverageReportViewSet)
+router.register("operators", views.OperatorRecordViewSet)
+router.register("virtual-backends", views.VirtualBackendViewSet)
 
 urlpatterns = [
     path("status/", views.StatusView.as_view(), name="api-status"),
     path("catalog/", views.CatalogView.as_view(), name="api-catalog"),
+    path("coverage-diff/", views.CoverageDiffView.as_view(), name="api-coverage-diff"),
     path("token/", obtain_auth_token, name="api-token"),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),

@@ -3,13 +3,14 @@ from django.db.models import Count, Q
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import catalog, filtersets, planning, services
+from .. import catalog, coverage, filtersets, planning, services
 from ..choices import NodeStatus
-from ..models import AdaptationJob, Cluster, Device, EnvReport, Link, ModelPlan, ModelSpec, Node, StageRun
+from ..models import (AdaptationJob, Cluster, CoverageReport, Device, EnvReport, Link, ModelPlan, ModelSpec, Node,
+                      OperatorRecord, StageRun, VirtualBackend)
 from ..topology import cluster_topology
 from . import serializers
 from .errors import ConflictError
@@ -201,6 +202,56 @@ class ModelPlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamSco
     ordering_fields = ["created"]
     ordering = ["-created"]
     select_related = ("created_by",)
+
+
+class CoverageReportViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
+    """Operator coverage per model × backend × dtype; the list gives the gaps, the detail the whole report."""
+
+    queryset = CoverageReport.objects.all()
+    filterset_fields = ["model", "backend", "dtype", "job"]
+    ordering_fields = ["created", "coverage"]
+    ordering = ["-created"]
+
+    def get_serializer_class(self):
+        return (serializers.CoverageReportListSerializer if self.action == "list"
+                else serializers.CoverageReportSerializer)
+
+
+class OperatorRecordViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
+    """The operator library: every operator verified per backend, with first-seen and last-verified times."""
+
+    queryset = OperatorRecord.objects.all()
+    serializer_class = serializers.OperatorRecordSerializer
+    filterset_fields = ["backend", "status", "operator"]
+    ordering_fields = ["operator", "last_verified"]
+    ordering = ["backend", "operator"]
+
+
+class VirtualBackendViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                            mixins.DestroyModelMixin, TeamScopedViewSet):
+    """Backends described by operator lists; name them in an op_coverage job's ``virtual_backends``."""
+
+    queryset = VirtualBackend.objects.all()
+    serializer_class = serializers.VirtualBackendSerializer
+    ordering = ["name"]
+
+    def perform_create(self, serializer):
+        serializer.save(created_by=self.request.user)
+
+
+class CoverageDiffView(APIView):
+    """``?a=<model>&b=<model>[&backend=...]``: the operators model a needs that model b did not."""
+
+    @extend_schema(responses={200: dict})
+    def get(self, request):
+        models = ModelSpec.objects.for_user(request.user)
+        try:
+            model, other = (models.get(pk=int(request.query_params.get(key, ""))) for key in ("a", "b"))
+        except (ValueError, ModelSpec.DoesNotExist):
+            raise ValidationError({"a": ["Give two of your models as ?a=<id>&b=<id>."]}) from None
+        backend = request.query_params.get("backend") or None
+        return Response({"model": model.pk, "other": other.pk, "backend": backend,
+                         "operators": coverage.diff(model, other, backend)})
 
 
 class EnvReportViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):

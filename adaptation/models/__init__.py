@@ -1,4 +1,5 @@
 from .clusters import Cluster, Device, Link, Node
+from .coverage import CoverageReport, OperatorRecord, VirtualBackend
 from .jobs import AdaptationJob, StageRun
 from .plans import ModelPlan
 from .reports import EnvReport
@@ -8,6 +9,7 @@ from .teams import Membership, Team
 __all__ = [
     "AdaptationJob",
     "Cluster",
+    "CoverageReport",
     "Device",
     "EnvReport",
     "Link",
@@ -15,6 +17,8 @@ __all__ = [
     "ModelPlan",
     "ModelSpec",
     "Node",
+    "OperatorRecord",
     "StageRun",
     "Team",
+    "VirtualBackend",
 ]

@@ -27,7 +27,13 @@
     rows.replaceChildren();
     job.stage_runs.forEach(function (run) {
       var row = document.createElement("tr");
-      cell(row, run.kind);
+      var kind = cell(row, run.page ? "" : run.kind);
+      if (run.page) {
+        var link = document.createElement("a");
+        link.href = run.page;
+        link.textContent = run.kind;
+        kind.appendChild(link);
+      }
       cell(row, run.node);
       var badge = document.createElement("span");
       badge.className = "status status-" + run.status;

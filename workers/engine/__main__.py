@@ -14,6 +14,7 @@ import sys
 from .analysis import cli as analyze_verb
 from .coverage import cli as coverage_verb
 from .sharding import cli as shard_verb
+from .sweep import cli as sweep_verb
 from .envcheck import env_check
 from .probe import env_probe
 
@@ -62,7 +63,7 @@ class envcheck_verb:  # noqa: N801
 
 
 VERBS = {"probe": probe_verb, "envcheck": envcheck_verb, "analyze": analyze_verb, "coverage": coverage_verb,
-         "shard": shard_verb}
+         "shard": shard_verb, "sweep": sweep_verb}
 
 
 def _print(result: dict, as_json: bool, verb) -> None:

@@ -26,7 +26,11 @@ def _cpu_model() -> str:
 
 
 def _address() -> str | None:
-    """The address other nodes reach this one at (a sharded run's rendezvous), as the host's name resolves."""
+    """The address other nodes reach this one at (a sharded run's rendezvous): ``D0_NODE_ADDRESS`` when the node
+    worker was told it (``--address``), else what the host's name resolves to. Debian maps the hostname to
+    127.0.1.1 in /etc/hosts, which other machines cannot reach: multi-node runs need ``--address`` there."""
+    if os.environ.get("D0_NODE_ADDRESS"):
+        return os.environ["D0_NODE_ADDRESS"]
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError:

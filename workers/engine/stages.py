@@ -13,6 +13,7 @@ from .coverage import op_coverage
 from .envcheck import env_check
 from .probe import env_probe
 from .sharding import shard_stage
+from .sweep import sweep_stage
 
 Progress = Callable[[float, str], None]
 Stage = Callable[[dict, Progress], dict]
@@ -27,8 +28,8 @@ class StageSpec:
     gated: bool
     # Stages about a model get its config.json as params["config"]; a job for them must name a model.
     needs_model: bool = False
-    # Where the control plane runs it: on "every" eligible node, or on a "group" of nodes forming one
-    # torch.distributed world (one stage run per node, each told its node_rank and the rendezvous).
+    # Where the control plane runs it: on "every" eligible node, on "one" (the first eligible), or on a "group"
+    # of nodes forming one torch.distributed world (one stage run per node, told its node_rank and rendezvous).
     placement: str = "every"
 
 
@@ -37,6 +38,7 @@ STAGES: dict[str, StageSpec] = {
     "env_check": StageSpec(env_check, gated=False),
     "op_coverage": StageSpec(op_coverage, gated=True, needs_model=True),
     "sharded_run": StageSpec(shard_stage, gated=True, needs_model=True, placement="group"),
+    "sweep": StageSpec(sweep_stage, gated=True, needs_model=True, placement="one"),
 }
 STAGE_KINDS = tuple(STAGES)
 

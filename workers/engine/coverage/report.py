@@ -57,6 +57,8 @@ def resolve_backend(device: torch.device, backend_list) -> Backend:
         return device_backend(device)
     if isinstance(backend_list, str | os.PathLike):
         return virtual_backend(load_operator_list(backend_list), name=Path(backend_list).stem, device=device)
+    if isinstance(backend_list, dict):  # {"name": ..., "operators": [...]}, as the control plane sends them
+        return virtual_backend(list(backend_list["operators"]), name=backend_list["name"], device=device)
     return virtual_backend(list(backend_list), device=device)
 
 
@@ -170,11 +172,14 @@ def run_coverage(config: dict, *, dtype: str = "bf16", device=None, backend_list
 
 
 def op_coverage(params: dict, progress: Progress) -> dict:
-    """Stage ``op_coverage``: ``run_coverage`` once per dtype.
+    """Stage ``op_coverage``: ``run_coverage`` once per dtype for the node's own backend, and once per dtype for
+    each virtual backend described by an operator list.
 
     params: ``config`` (config.json dict), ``dtypes`` (default ``["bf16"]``), optional ``backend_list`` (operator
-    names of a virtual backend), ``decode_steps``, ``compile`` (bool), ``compile_backend``, ``device``.
-    Returns ``{"model_type", "dtypes", "reports": {dtype: report}, "coverage": the lowest coverage}``.
+    names judged instead of the node's backend), ``virtual_backends`` (``[{"name", "operators"}]``, judged in
+    addition), ``decode_steps``, ``compile`` (bool), ``compile_backend``, ``device``.
+    Returns ``{"model_type", "dtypes", "reports": {dtype: report}, "virtual": {name: {dtype: report}},
+    "coverage": the lowest coverage of the node's own reports}``.
     """
     config = params.get("config")
     if not isinstance(config, dict):
@@ -182,15 +187,20 @@ def op_coverage(params: dict, progress: Progress) -> dict:
     dtypes = list(params.get("dtypes") or ["bf16"])
     for name in dtypes:
         torch_dtype(name)
-    reports = {}
-    for index, name in enumerate(dtypes):
-        def scaled(fraction: float, message: str, index=index, name=name) -> None:
-            progress((index + fraction) / len(dtypes), f"{name}: {message}")
+    backends = [(None, params.get("backend_list"))] + [(virtual["name"], virtual)
+                                                       for virtual in params.get("virtual_backends") or []]
+    runs = [(backend, dtype) for backend in backends for dtype in dtypes]
+    results: dict = {}
+    for index, ((virtual_name, backend_list), name) in enumerate(runs):
+        label = f"{virtual_name or 'node'} {name}"
 
-        reports[name] = run_coverage(config, dtype=name, device=params.get("device"),
-                                     backend_list=params.get("backend_list"), progress=scaled,
-                                     decode_steps=int(params.get("decode_steps", 3)),
-                                     check_compile=bool(params.get("compile", True)),
-                                     compile_backend=params.get("compile_backend"))
-    return {"model_type": config.get("model_type"), "dtypes": dtypes, "reports": reports,
+        def scaled(fraction: float, message: str, index=index, label=label) -> None:
+            progress((index + fraction) / len(runs), f"{label}: {message}")
+
+        results.setdefault(virtual_name, {})[name] = run_coverage(
+            config, dtype=name, device=params.get("device"), backend_list=backend_list, progress=scaled,
+            decode_steps=int(params.get("decode_steps", 3)), check_compile=bool(params.get("compile", True)),
+            compile_backend=params.get("compile_backend"))
+    reports = results.pop(None)
+    return {"model_type": config.get("model_type"), "dtypes": dtypes, "reports": reports, "virtual": results,
             "coverage": min(report["coverage"] for report in reports.values())}

@@ -73,6 +73,9 @@ class Backend:
                      "virtual": self.virtual}
         if self.virtual:
             described["listed_operators"] = len(self.operators)
+        elif self.device.type == "cuda":
+            # Kernels differ between parts (an H100 and an MI300X are both "cuda" to torch).
+            described["device_name"] = torch.cuda.get_device_name(self.device)
         return described
 
 

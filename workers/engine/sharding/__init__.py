@@ -87,10 +87,10 @@ STAGE_PARAMS = ("config", "tp", "pp", "ep", "dtype", "decode_steps", "seed", "pr
 
 
 def shard_stage(params: dict, progress: Callable[[float, str], None]) -> dict:
-    """The ``shard`` stage: ``run_sharded`` with its keyword arguments taken from ``params``."""
+    """The ``sharded_run`` stage: ``run_sharded`` with its keyword arguments taken from ``params``."""
     unknown = sorted(set(params) - set(STAGE_PARAMS))
     if unknown:
-        raise ValueError(f"unknown shard parameters: {', '.join(unknown)}")
+        raise ValueError(f"unknown sharded_run parameters: {', '.join(unknown)}")
     arguments = {key: value for key, value in params.items() if key != "config"}
     return run_sharded(params.get("config"), **arguments, progress=progress)
 

@@ -52,8 +52,8 @@ def _inject(fault, rank: int):
         if index != 0:
             return
         kind = fault[0]
-        _say(f"fault {kind}_rank_{rank}: rank {rank} {'stops responding' if kind == 'hang' else kind + 'es'} "
-             "after prefill")
+        what = {"hang": "stops responding", "crash": "crashes", "kill": "is killed"}[kind]
+        _say(f"fault {kind}_rank_{rank}: rank {rank} {what} after prefill")
         if kind == "hang":
             while True:
                 time.sleep(3600)

@@ -1,0 +1,88 @@
+"""Sweep reports: a real sweep's result stored on a stage run, shown with charts, downloaded as self-contained
+HTML / JSON / CSV that match the stored trials, and compared side by side."""
+
+import csv
+import io
+import json
+
+import pytest
+from django.test import Client
+
+from adaptation import services
+from adaptation.models import StageRun
+from workers.engine.sweep import run_sweep
+
+from .conftest import load_config
+
+
+@pytest.fixture(scope="module")
+def sweep_result():
+    return run_sweep(load_config("qwen3-0.6b.json"),
+                     grid={"precision": ["fp32"], "batch_size": [1, 2], "page_size": [16], "max_batch_tokens": [64]},
+                     workload={"requests": 2, "prompt_len": 8, "output_len": 3}, search="grid")
+
+
+@pytest.fixture
+def sweep_run(cluster, owner, node, sweep_result):
+    spec = services.add_from_catalog(team=cluster.team, user=owner, slug="qwen3-0.6b")[0]
+    job = services.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["sweep"])
+    run = StageRun.objects.create(job=job, kind="sweep", node=node, node_name=node.hostname, result=sweep_result)
+    run.start()
+    run.finish(result=sweep_result)
+    return run
+
+
+@pytest.fixture
+def client_for(member):
+    client = Client()
+    client.force_login(member)
+    return client
+
+
+def test_the_report_page_shows_every_chart_and_trial(client_for, sweep_run, sweep_result):
+    page = client_for.get(f"/sweeps/{sweep_run.pk}/").content.decode()
+    for chart in ("throughput", "latency", "cdf", "pareto", "roofline", "predicted"):
+        assert f'id="chart-{chart}"' in page
+    assert page.count("<tr><td>") == len(sweep_result["trials"])
+    assert "Roofline inputs: memory bandwidth" in page
+
+
+def test_the_html_download_is_self_contained(client_for, sweep_run):
+    response = client_for.get(f"/sweeps/{sweep_run.pk}/report.html")
+    body = response.content.decode()
+    assert response["Content-Disposition"] == f'attachment; filename="d0-sweep-{sweep_run.pk}.html"'
+    head, _, page = body.partition("</script></head>")
+    assert "plotly.js v" in head and page  # the library is inlined in the head
+    assert "<script src=" not in page and 'href="http' not in page and "Plotly.newPlot" in page
+
+
+def test_the_json_and_csv_downloads_match_the_stored_trials(client_for, sweep_run, sweep_result):
+    stored = json.loads(client_for.get(f"/sweeps/{sweep_run.pk}/report.json").content)
+    assert stored["trials"] == json.loads(json.dumps(sweep_result["trials"]))  # as the JSONField keeps them
+    rows = list(csv.DictReader(io.StringIO(client_for.get(f"/sweeps/{sweep_run.pk}/trials.csv").content.decode())))
+    assert [int(row["id"]) for row in rows] == [trial["id"] for trial in sweep_result["trials"]]
+    for row, trial in zip(rows, sweep_result["trials"], strict=True):
+        assert float(row["output_tokens_per_s"]) == pytest.approx(trial["metrics"]["output_tokens_per_s"])
+        assert row["bound"] == trial["roofline"]["bound"]
+
+
+def test_two_reports_compare_side_by_side(client_for, sweep_run):
+    page = client_for.get("/sweeps/compare/", {"a": sweep_run.pk, "b": sweep_run.pk}).content.decode()
+    assert page.count('class="side"') == 2
+
+
+def test_sweep_reports_are_private_to_the_team(outsider, sweep_run):
+    client = Client()
+    client.force_login(outsider)
+    for url in ("/sweeps/{}/", "/sweeps/{}/report.html", "/sweeps/{}/report.json", "/sweeps/{}/trials.csv"):
+        assert client.get(url.format(sweep_run.pk)).status_code == 404
+    assert 'class="side"' not in client.get("/sweeps/compare/", {"a": sweep_run.pk}).content.decode()
+    assert Client().get(f"/sweeps/{sweep_run.pk}/")["Location"].startswith("/login/")
+
+
+def test_a_sweep_on_a_node_gets_the_figures_its_env_check_measured(cluster, owner, node):
+    node.devices.update(measured={"copy_bandwidth_bytes_per_s": 4e10, "matmul_flops_per_s": {"fp32": 1.6e11}})
+    spec = services.add_from_catalog(team=cluster.team, user=owner, slug="qwen3-0.6b")[0]
+    job = services.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["sweep"])
+    [(chosen, params)] = services.stage_assignments(job, "sweep", [node])
+    assert params["hardware"] == {"memory_bandwidth_bytes_per_s": 4e10, "flops_per_s": {"fp32": 1.6e11}}

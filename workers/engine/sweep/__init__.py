@@ -1,0 +1,115 @@
+"""Tuning sweeps and benchmark reports: serve a model under a grid of engine settings and report, per trial, the
+serving metrics (TTFT, TPOT, ITL, E2E latency, throughput, goodput, peak memory; vLLM's definitions, see
+``metrics``) and a roofline (predicted ceiling time, efficiency, memory- or compute-bound; see ``roofline``).
+
+``run_sweep(config, grid=..., workload=..., search="grid"|"smart")`` is the entry point; ``sweep_stage`` is the same
+as a node stage. Plain Python + torch + transformers: no Django, so it runs on bare GPU nodes.
+
+    grid = {"precision": ["fp32", "bf16"], "batch_size": [1, 2, 4], "page_size": [16, 32],
+            "max_batch_tokens": [256]}
+    workload = {"requests": 16, "prompt_len": 32, "output_len": {"uniform": [8, 24]}, "arrival": "closed",
+                "slo": {"ttft_s": 0.5, "tpot_s": 0.05}}
+"""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+
+from .backends import BACKENDS, Trial, TrialParams
+from .evaluation import evaluate
+from .metrics import DEFINITIONS
+from .roofline import hardware_figures
+from .search import GRID_KEYS, SEARCHES, best_trial, configurations
+from .workload import Workload
+
+STAGE_PARAMS = ("config", "grid", "workload", "search", "hardware", "device", "reduce", "backend")
+
+
+def resolve_device(device) -> torch.device:
+    """The device to serve on: the given one, else the first accelerator torch sees, else the CPU."""
+    if device is not None:
+        return torch.device(device)
+    if torch.cuda.is_available():
+        return torch.device("cuda", 0)
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return torch.device("xpu", 0)
+    return torch.device("cpu")
+
+
+def _no_progress(fraction: float, message: str) -> None:
+    pass
+
+
+def run_sweep(config: dict, *, grid: dict, workload: dict, search: str = "grid", device=None,
+              hardware: dict | None = None, progress=None, reduce: bool = True, backend: str = "transformers") -> dict:
+    """Run the grid's configurations (all of them, or a successive-halving subset with ``search="smart"``).
+
+    Returns ``trials`` (each: ``id``, ``rung``, ``params``, ``workload``, ``status`` ok/oom/unsupported/failed/
+    skipped, ``reason``, ``metrics``, ``roofline``, ``details``), ``best`` (the highest output tokens/s over the full
+    workload, or None), ``search`` (``strategy``, ``trials_run``, ``seconds``...), ``roofline`` (the bandwidth and
+    FLOP/s used, where each came from, the formulas), ``model``, ``backend``, ``backends``, ``workload``, ``grid``
+    and ``metric_definitions``.
+    """
+    progress = progress or _no_progress
+    if search not in SEARCHES:
+        raise ValueError(f"search must be one of {', '.join(SEARCHES)}, not {search!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    parsed_workload = Workload.from_dict(workload)
+    configs = configurations(grid)
+    torch_device = resolve_device(device)
+    if not BACKENDS[backend].available():
+        raise RuntimeError(BACKENDS[backend].unavailable_reason())
+    progress(0.0, "reducing the model" if reduce else "reading the model config")
+    bench = BACKENDS[backend](config, device=torch_device, reduce=reduce)
+    progress(0.01, "measuring the device for the roofline" if not hardware else "reading the hardware figures")
+    figures = hardware_figures(hardware, torch_device, sorted({params.precision for params in configs}))
+
+    def run_trial(params: TrialParams, trial_workload: Workload) -> dict:
+        return evaluate(bench.run(Trial(params, trial_workload)), trial_workload, figures)
+
+    # transformers' manager runs gc.collect() twice on every stop, which costs more than a short trial once the
+    # process holds torch and transformers; frozen objects are skipped (vLLM's serving benchmark freezes the heap
+    # the same way). Only sweep time changes: the collections happen after each trial's measured window.
+    gc.collect()
+    gc.freeze()
+    try:
+        outcome = SEARCHES[search](configs, parsed_workload, run_trial,
+                                   lambda fraction, message: progress(0.02 + 0.97 * fraction, message))
+    finally:
+        gc.unfreeze()
+    progress(1.0, "done")
+    trials = outcome.pop("trials")
+    best = best_trial(trials, parsed_workload)
+    return {
+        "model": bench.model_description,
+        "backend": bench.describe(),
+        "backends": {name: {"available": cls.available(), "unavailable_reason": cls.unavailable_reason()}
+                     for name, cls in BACKENDS.items()},
+        "grid": {key: list(dict.fromkeys(getattr(params, key) for params in configs)) for key in GRID_KEYS},
+        "workload": parsed_workload.as_dict(),
+        "search": outcome,
+        "trials": trials,
+        "best": None if best is None else {key: best[key] for key in ("id", "params", "metrics", "roofline")},
+        "roofline": figures,
+        "metric_definitions": DEFINITIONS,
+    }
+
+
+def sweep_stage(params: dict, progress) -> dict:
+    """The sweep as a node stage. ``params``: ``config`` (the config.json dict), optional ``grid``, ``workload``,
+    ``search`` ("grid" or "smart"), ``hardware`` (``memory_bandwidth_bytes_per_s`` and ``flops_per_s`` by precision,
+    from the node's env check), ``device``, ``reduce`` (default True) and ``backend``. Returns ``run_sweep``'s dict."""
+    unknown = set(params) - set(STAGE_PARAMS)
+    if unknown:
+        raise ValueError(f"unknown sweep parameters: {', '.join(sorted(unknown))}")
+    if not isinstance(params.get("config"), dict):
+        raise ValueError("a sweep needs the model's config.json, as a JSON object, in params['config']")
+    if not isinstance(params.get("reduce", True), bool):
+        raise ValueError("reduce must be true or false")
+    return run_sweep(params["config"], grid=params.get("grid") or {}, workload=params.get("workload") or {},
+                     search=params.get("search", "grid"), device=params.get("device"),
+                     hardware=params.get("hardware"), progress=progress, reduce=params.get("reduce", True),
+                     backend=params.get("backend", "transformers"))

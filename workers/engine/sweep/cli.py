@@ -1,0 +1,83 @@
+"""``sweep CONFIG.json``: a tuning sweep from the command line, for node operators.
+
+    python -m workers.engine sweep config.json --batch-sizes 1,2,4 --page-sizes 16,32 --precisions fp32,bf16 --json
+
+Lengths take a fixed ``32``, a uniform range ``16-64`` or a list ``16,32,48``. ``--hardware`` reads a JSON file with
+``memory_bandwidth_bytes_per_s`` and ``flops_per_s`` by precision (the env check's figures); without it the sweep
+measures the device quickly itself, and the output's ``roofline.source`` says which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from . import run_sweep
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, not {text!r}") from None
+
+
+def _names(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _length(text: str):
+    """``32`` (fixed), ``16-64`` (uniform, both ends included) or ``16,32,48`` (used in turn)."""
+    try:
+        if "-" in text:
+            low, high = (int(part) for part in text.split("-", 1))
+            return {"uniform": [low, high]}
+        values = _ints(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a length such as 32, 16-64 or 16,32,48, not {text!r}") from None
+    return values[0] if len(values) == 1 else values
+
+
+def add_parser(verbs) -> argparse.ArgumentParser:
+    parser = verbs.add_parser("sweep", help="tuning sweep: serve a model under a grid of settings, report metrics",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", type=Path, help="the model's config.json")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--batch-sizes", type=_ints, default=[1, 2, 4], help="concurrency / batch sizes")
+    parser.add_argument("--page-sizes", type=_ints, default=[16], help="KV-cache page (block) sizes in tokens")
+    parser.add_argument("--precisions", type=_names, default=["fp32"], help="fp32, bf16, fp16, int8 (dynamic)")
+    parser.add_argument("--max-batch-tokens", type=_ints, default=[256], help="tokens per forward step at most")
+    parser.add_argument("--prompt-len", type=_length, default=32, help="prompt tokens: 32, 16-64 or 16,32,48")
+    parser.add_argument("--output-len", type=_length, default=16, help="output tokens: 16, 8-24 or 8,16")
+    parser.add_argument("--requests", type=int, default=16, help="measured requests per trial")
+    parser.add_argument("--arrival-rate", type=float, help="Poisson arrivals at this many requests/s "
+                                                            "(default: a closed loop)")
+    parser.add_argument("--concurrency", type=int, help="requests in flight (default: the trial's batch size)")
+    parser.add_argument("--slo-ttft-ms", type=float, help="TTFT SLO for goodput, in ms")
+    parser.add_argument("--slo-tpot-ms", type=float, help="TPOT SLO for goodput, in ms")
+    parser.add_argument("--search", choices=("grid", "smart"), default="grid",
+                        help="grid: every configuration; smart: successive halving, skipping what would run out "
+                             "of memory")
+    parser.add_argument("--device", help="torch device (default: the first accelerator, else the CPU)")
+    parser.add_argument("--hardware", type=Path, help="JSON file with the node's bandwidth and FLOP/s")
+    parser.add_argument("--full-model", action="store_true", help="serve the full model, not the reduced one")
+    return parser
+
+
+def run(args: argparse.Namespace, progress=None) -> dict:
+    config = json.loads(args.config.read_text())
+    workload = {"requests": args.requests, "prompt_len": args.prompt_len, "output_len": args.output_len}
+    if args.arrival_rate is not None:
+        workload.update(arrival="poisson", rate=args.arrival_rate)
+    if args.concurrency is not None:
+        workload["concurrency"] = args.concurrency
+    slo = {key: value / 1000 for key, value in (("ttft_s", args.slo_ttft_ms), ("tpot_s", args.slo_tpot_ms))
+           if value is not None}
+    if slo:
+        workload["slo"] = slo
+    grid = {"precision": args.precisions, "batch_size": args.batch_sizes, "page_size": args.page_sizes,
+            "max_batch_tokens": args.max_batch_tokens}
+    hardware = json.loads(args.hardware.read_text()) if args.hardware else None
+    return run_sweep(config, grid=grid, workload=workload, search=args.search, device=args.device,
+                     hardware=hardware, progress=progress, reduce=not args.full_model)

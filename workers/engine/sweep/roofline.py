@@ -1,0 +1,197 @@
+"""Roofline: the fastest a trial's work could run on this node, from the model's FLOPs and bytes moved.
+
+Per phase (prefill, decode) the ceiling time is ``max(FLOPs / FLOP/s, bytes / (bytes/s))`` (Williams, Waterman and
+Patterson, "Roofline", CACM 2009), with:
+
+- FLOPs = 2 x active parameters x tokens (one multiply and one add per weight per token, Kaplan et al. 2020's
+  "C_forward ~ 2N"). Active parameters = ``sum(p.numel())`` of the model as built (tied tensors once), routed
+  experts scaled by top-k / experts, an input embedding that is not tied to the LM head left out (it is a lookup,
+  not a product). Attention's score and value products (4 x layers x heads x head_dim x context) are left out:
+  they are small next to the weights at the contexts a sweep uses.
+- Bytes = weights read once per forward step (a step serves every request in the batch; routed experts count for
+  the share a step's tokens are expected to touch, E x (1 - (1 - k/E)^tokens) of E experts under uniform routing)
+  + the KV cache: prefill writes kv_bytes_per_token for each prompt token, each decode token reads its whole
+  context (sliding-window layers at most their window), as transformers' paged cache stores it
+  (2 x KV heads x head_dim x activation bytes per layer and token).
+- Steps: prefill packs prompt tokens into ceil(prompt tokens / max_batch_tokens) steps; decode runs
+  ceil(decode tokens / concurrency) steps, each producing one token for every request in flight.
+
+Efficiency = predicted ceiling time / measured time (<= 1 when the hardware figures are right); the trial is
+memory-bound when its arithmetic intensity (FLOPs / bytes) is below the ridge point (FLOP/s / bytes/s), else
+compute-bound. The node's figures come from the ``hardware`` parameter (measured by its env check) or, when absent,
+from a quick copy-bandwidth and matmul measurement on the device; the output says which.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from ..coverage.reducer import EXPERT_COUNT_KEYS, TOP_K_KEYS
+from ..measure import copy_bandwidth, matmul_throughput
+
+FORMULAS = {
+    "flops": "2 x active parameters x tokens (active: sum(p.numel()) of the built model, routed experts x top_k / "
+             "experts, an untied input embedding left out)",
+    "bytes": "weights read once per step + KV cache (prefill writes prompt tokens, each decode token reads its "
+             "context) at kv_bytes_per_token",
+    "time": "per phase max(flops / flops_per_s, bytes / memory_bandwidth_bytes_per_s); predicted = prefill + decode",
+    "efficiency": "predicted ceiling seconds / measured duration seconds",
+    "bound": "memory-bound if flops / bytes < flops_per_s / memory_bandwidth_bytes_per_s (the ridge point)",
+}
+# Small enough to cost well under a second on a CPU node; sized for a rough figure, not the env check's.
+MEASURE_BYTES = 64 * 2**20
+MEASURE_SECONDS = 0.1
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    parameters: int
+    active_parameters: int
+    dense_weight_bytes: int
+    expert_weight_bytes: int
+    experts: int
+    experts_per_token: int
+    # One entry per attention layer: (KV bytes per token, sliding window or None for full attention).
+    kv_layers: tuple[tuple[int, int | None], ...]
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return sum(per_token for per_token, _ in self.kv_layers)
+
+    def kv_bytes(self, context: int) -> int:
+        """Bytes of KV cache that ``context`` tokens of one sequence occupy (and a decode step reads)."""
+        return sum(per_token * (min(context, window) if window else context) for per_token, window in self.kv_layers)
+
+    def weight_bytes_per_step(self, tokens: int) -> float:
+        if not self.experts:
+            return self.dense_weight_bytes
+        touched = self.experts * (1 - (1 - self.experts_per_token / self.experts) ** tokens)
+        return self.dense_weight_bytes + self.expert_weight_bytes * touched / self.experts
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "kv_bytes_per_token": self.kv_bytes_per_token}
+
+
+def _first_int(config, keys) -> int | None:
+    return next((getattr(config, key) for key in keys if isinstance(getattr(config, key, None), int)), None)
+
+
+def kv_layers(text_config, activation_bytes: int) -> tuple[tuple[int, int | None], ...]:
+    """Per attention layer, the KV bytes a token adds and its window, grouped as transformers' paged cache does."""
+    from transformers.generation.continuous_batching.cache import group_layers_by_attn_type
+    from transformers.generation.continuous_batching.utils import find_head_dim, find_num_key_value_heads
+
+    per_token = 2 * find_num_key_value_heads(text_config) * find_head_dim(text_config) * activation_bytes
+    layers = []
+    for kind, indices in group_layers_by_attn_type(text_config).items():
+        window = text_config.sliding_window if kind == "sliding_attention" else None
+        layers.extend([(per_token, window)] * len(indices))
+    return tuple(layers)
+
+
+def model_cost(model, weight_bytes_of, activation_bytes: int) -> ModelCost:
+    """The cost model of a built model; ``weight_bytes_of(module, parameter)`` is a weight's bytes per element at
+    the trial precision (1 for int8-quantised linear weights, the parameter's element size otherwise)."""
+    text = model.config.get_text_config(decoder=True)
+    experts = _first_int(text, EXPERT_COUNT_KEYS) or 0
+    top_k = _first_int(text, TOP_K_KEYS) or 0
+    input_embedding = model.get_input_embeddings().weight
+    output_embedding = model.get_output_embeddings()
+    tied = output_embedding is not None and output_embedding.weight is input_embedding
+    seen: set[int] = set()
+    total = expert_params = dense_bytes = expert_bytes = lookup = 0
+    for module_name, module in model.named_modules():
+        for parameter in module.parameters(recurse=False):
+            if id(parameter) in seen:
+                continue
+            seen.add(id(parameter))
+            count = parameter.numel()
+            total += count
+            if parameter is input_embedding and not tied:
+                lookup = count
+                continue
+            size = count * weight_bytes_of(module, parameter)
+            # Routed experts live under a module named "experts" (fused 3-D tensors in transformers 5, a ModuleList
+            # before); shared experts are "shared_expert(s)" and run for every token, like dense weights.
+            if experts and "experts" in module_name.split("."):
+                expert_params += count
+                expert_bytes += size
+            else:
+                dense_bytes += size
+    active = total - lookup - expert_params + (expert_params * top_k // experts if experts else 0)
+    return ModelCost(parameters=total, active_parameters=active, dense_weight_bytes=dense_bytes,
+                     expert_weight_bytes=expert_bytes, experts=experts if expert_params else 0,
+                     experts_per_token=top_k if expert_params else 0,
+                     kv_layers=kv_layers(text, activation_bytes))
+
+
+def hardware_figures(hardware: dict | None, device, precisions: list[str]) -> dict:
+    """Memory bandwidth and FLOP/s per precision for the roofline: the given figures where present, measured on
+    ``device`` where not. ``source`` says where each figure came from."""
+    hardware = dict(hardware or {})
+    unknown = set(hardware) - {"memory_bandwidth_bytes_per_s", "flops_per_s"}
+    if unknown:
+        raise ValueError(f"unknown hardware keys: {', '.join(sorted(unknown))}")
+    given_flops = dict(hardware.get("flops_per_s") or {})
+    for name, value in [("memory_bandwidth_bytes_per_s", hardware.get("memory_bandwidth_bytes_per_s")),
+                        *given_flops.items()]:
+        if value is not None and not (isinstance(value, int | float) and value > 0):
+            raise ValueError(f"hardware figure {name} must be a positive number, not {value!r}")
+    given = "hardware parameter (the node's env check)"
+    measured = f"measured by the sweep on {device} ({MEASURE_SECONDS:g} s each)"
+    figures = {"memory_bandwidth_bytes_per_s": hardware.get("memory_bandwidth_bytes_per_s"), "flops_per_s": {},
+               "source": {"memory_bandwidth_bytes_per_s": given, "flops_per_s": {}}, "formulas": FORMULAS}
+    if figures["memory_bandwidth_bytes_per_s"] is None:
+        copy = copy_bandwidth(device, size_bytes=MEASURE_BYTES, budget_seconds=MEASURE_SECONDS)
+        figures["memory_bandwidth_bytes_per_s"] = copy["bytes_per_s"]
+        figures["source"]["memory_bandwidth_bytes_per_s"] = f"{measured}: copy, {copy['counting']}"
+    for precision in precisions:
+        if given_flops.get(precision):
+            figures["flops_per_s"][precision] = given_flops[precision]
+            figures["source"]["flops_per_s"][precision] = given
+            continue
+        result = matmul_throughput(device, precision, budget_seconds=MEASURE_SECONDS,
+                                   max_n=1024 if device.type == "cpu" else None)
+        if result["supported"]:
+            figures["flops_per_s"][precision] = result["flops_per_s"]
+            figures["source"]["flops_per_s"][precision] = f"{measured}: {result['n']}^3 matmul"
+        else:
+            figures["flops_per_s"][precision] = None
+            figures["source"]["flops_per_s"][precision] = f"not measurable: {result['reason']}"
+    return figures
+
+
+def _phase(flops: float, moved: float, steps: int, flops_per_s: float, bytes_per_s: float) -> dict:
+    seconds = max(flops / flops_per_s, moved / bytes_per_s) if steps else 0.0
+    intensity = flops / moved if moved else None
+    return {"flops": flops, "bytes": moved, "steps": steps, "seconds": seconds,
+            "step_seconds": seconds / steps if steps else None, "arithmetic_intensity": intensity,
+            "bound": None if intensity is None else bound(intensity, flops_per_s / bytes_per_s)}
+
+
+def bound(intensity: float, ridge: float) -> str:
+    return "compute-bound" if intensity >= ridge else "memory-bound"
+
+
+def predict(cost: ModelCost, lengths: list[tuple[int, int]], *, concurrency: int, max_batch_tokens: int,
+            flops_per_s: float, bytes_per_s: float) -> dict:
+    """The ceiling time of serving requests of (prompt tokens, output tokens), see the module docstring."""
+    prompt_tokens = sum(prompt for prompt, _ in lengths)
+    prefill_steps = math.ceil(prompt_tokens / max_batch_tokens) if prompt_tokens else 0
+    tokens_per_prefill_step = min(prompt_tokens, max_batch_tokens)
+    prefill = _phase(2 * cost.active_parameters * prompt_tokens,
+                     prefill_steps * cost.weight_bytes_per_step(tokens_per_prefill_step)
+                     + sum(cost.kv_bytes(prompt) for prompt, _ in lengths),
+                     prefill_steps, flops_per_s, bytes_per_s)
+    # The first output token comes out of the prefill step; each later one is a decode step over the context so far.
+    decode_tokens = sum(max(output - 1, 0) for _, output in lengths)
+    decode_steps = math.ceil(decode_tokens / concurrency) if decode_tokens else 0
+    kv_read = sum(cost.kv_bytes(prompt + position) for prompt, output in lengths for position in range(1, output))
+    decode = _phase(2 * cost.active_parameters * decode_tokens,
+                    decode_steps * cost.weight_bytes_per_step(concurrency) + kv_read,
+                    decode_steps, flops_per_s, bytes_per_s)
+    flops, moved = prefill["flops"] + decode["flops"], prefill["bytes"] + decode["bytes"]
+    ridge = flops_per_s / bytes_per_s
+    return {"prefill": prefill, "decode": decode, "seconds": prefill["seconds"] + decode["seconds"],
+            "arithmetic_intensity": flops / moved, "ridge_point": ridge, "bound": bound(flops / moved, ridge)}

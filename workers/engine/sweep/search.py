@@ -1,0 +1,145 @@
+"""Which configurations a sweep runs: the full grid (the baseline), or a smarter search.
+
+The smart search is successive halving (Jamieson and Talwalkar 2016; Hyperband's inner loop, Li et al. 2018): every
+configuration first serves a short workload, the best 1/ETA by output tokens/s go on to a workload ETA times longer,
+and so on until the survivors serve the full workload, so configurations already dominated on a short run are
+stopped early. Each rung costs about the same, so with N configurations the search costs about log_ETA(N) + 1 full
+workloads instead of N. It also never runs a configuration at least as large as one that ran out of memory: the
+same precision with a batch size, page size and max batch tokens all at least as large needs at least as much memory
+(the paged cache holds batch_size x (sequence + page) tokens, activations grow with max_batch_tokens).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable
+
+from .backends import TrialParams
+from .workload import Workload
+
+GRID_KEYS = ("precision", "batch_size", "page_size", "max_batch_tokens")
+GRID_DEFAULTS = {"precision": ["fp32"], "batch_size": [1, 2, 4], "page_size": [16], "max_batch_tokens": [256]}
+OBJECTIVE = "output_tokens_per_s"
+ETA = 3
+
+RunTrial = Callable[[TrialParams, Workload], dict]
+Progress = Callable[[float, str], None]
+
+
+def configurations(grid: dict | None) -> list[TrialParams]:
+    """Every combination of the grid's values, precision outermost (so a backend rebuilds its model least often)."""
+    grid = dict(grid or {})
+    unknown = set(grid) - set(GRID_KEYS)
+    if unknown:
+        raise ValueError(f"unknown grid keys: {', '.join(sorted(unknown))}; known: {', '.join(GRID_KEYS)}")
+    values = {key: grid.get(key, GRID_DEFAULTS[key]) for key in GRID_KEYS}
+    for key, options in values.items():
+        if not isinstance(options, list) or not options:
+            raise ValueError(f"grid {key} must be a non-empty list, not {options!r}")
+        if key == "precision":
+            if not all(isinstance(option, str) for option in options):
+                raise ValueError(f"grid precision takes names such as fp32 or bf16, not {options!r}")
+        elif not all(isinstance(option, int) and not isinstance(option, bool) and option >= 1 for option in options):
+            raise ValueError(f"grid {key} takes positive ints, not {options!r}")
+    return [TrialParams(*combination) for combination in itertools.product(*(values[key] for key in GRID_KEYS))]
+
+
+def label(params: TrialParams) -> str:
+    return (f"{params.precision} batch {params.batch_size} page {params.page_size} "
+            f"max tokens {params.max_batch_tokens}")
+
+
+def throughput(trial: dict) -> float:
+    return trial["metrics"][OBJECTIVE]
+
+
+def best_trial(trials: list[dict], workload: Workload) -> dict | None:
+    """The highest-throughput trial among those that served the full workload."""
+    finished = [trial for trial in trials
+                if trial["status"] == "ok" and trial["workload"]["requests"] == workload.requests]
+    return max(finished, key=throughput, default=None)
+
+
+def oom_blocker(params: TrialParams, out_of_memory: list[dict]) -> dict | None:
+    """A trial that ran out of memory with a configuration no larger than ``params`` in every dimension."""
+    for trial in out_of_memory:
+        other = trial["params"]
+        if (other["precision"] == params.precision and params.batch_size >= other["batch_size"]
+                and params.page_size >= other["page_size"] and params.max_batch_tokens >= other["max_batch_tokens"]):
+            return trial
+    return None
+
+
+class _Log:
+    """The trials of one search, numbered in the order they were run or skipped."""
+
+    def __init__(self, planned: int, progress: Progress):
+        self.trials: list[dict] = []
+        self.planned = planned
+        self.progress = progress
+        self.started = time.perf_counter()
+
+    def add(self, trial: dict, rung: int) -> dict:
+        trial.update(id=len(self.trials), rung=rung)
+        self.trials.append(trial)
+        return trial
+
+    def run(self, run_trial: RunTrial, params: TrialParams, workload: Workload, rung: int) -> dict:
+        done = sum(trial["status"] != "skipped" for trial in self.trials)
+        self.progress(min(done / self.planned, 0.99),
+                      f"trial {done + 1}: {label(params)}, {workload.requests} requests")
+        return self.add(run_trial(params, workload), rung)
+
+    def outcome(self, strategy: str, **extra) -> dict:
+        ran = [trial for trial in self.trials if trial["status"] != "skipped"]
+        # Trials of a smart search serve shorter workloads, so their count alone overstates its cost.
+        return {"strategy": strategy, "trials": self.trials, "trials_run": len(ran),
+                "requests_served": sum(trial["workload"]["requests"] for trial in ran),
+                "seconds": time.perf_counter() - self.started, **extra}
+
+
+def grid_search(configs: list[TrialParams], workload: Workload, run_trial: RunTrial, progress: Progress) -> dict:
+    log = _Log(len(configs), progress)
+    for params in configs:
+        log.run(run_trial, params, workload, rung=0)
+    return log.outcome("grid", configurations=len(configs))
+
+
+def successive_halving(configs: list[TrialParams], workload: Workload, run_trial: RunTrial, progress: Progress,
+                       eta: int = ETA) -> dict:
+    last_rung = int(math.log(len(configs), eta) + 1e-9) if len(configs) > 1 else 0
+    sizes = [len(configs)]
+    for _ in range(last_rung):
+        sizes.append(math.ceil(sizes[-1] / eta))
+    log = _Log(sum(sizes), progress)
+    survivors, out_of_memory, rungs = list(configs), [], []
+    for rung in range(last_rung + 1):
+        fraction = eta ** (rung - last_rung)
+        ran = []
+        for params in survivors:
+            if blocker := oom_blocker(params, out_of_memory):
+                log.add({"params": params.as_dict(), "workload": None, "status": "skipped",
+                         "reason": f"at least as large as trial {blocker['id']}, which ran out of memory",
+                         "metrics": None, "roofline": None, "details": {}}, rung)
+                continue
+            # A short run still fills the batch once, or it would judge a large batch by a batch it never fills.
+            short = workload.scaled(fraction, min_requests=workload.in_flight_limit(params.batch_size)
+                                    or params.batch_size)
+            trial = log.run(run_trial, params, short, rung)
+            ran.append(trial)
+            if trial["status"] == "oom":
+                out_of_memory.append(trial)
+        ranked = sorted((trial for trial in ran if trial["status"] == "ok"), key=throughput, reverse=True)
+        rungs.append({"rung": rung, "workload_fraction": fraction, "configurations": len(survivors),
+                      "ran": len(ran), "kept": None})
+        if rung == last_rung or not ranked:
+            break
+        kept = ranked[:max(1, math.ceil(len(ranked) / eta))]
+        rungs[-1]["kept"] = len(kept)
+        survivors = [TrialParams(**trial["params"]) for trial in kept]
+    return log.outcome("smart", configurations=len(configs), eta=eta, rungs=rungs)
+
+
+SEARCHES = {"grid": grid_search, "smart": successive_halving}

@@ -1,0 +1,148 @@
+"""The requests a trial sends: prompt and output lengths, how they arrive, the warm-up, and the SLOs for goodput.
+
+A length is a fixed ``32``, a uniform range ``{"uniform": [16, 64]}`` (both ends included) or a list of lengths
+used in turn ``[16, 32, 48]``. Arrivals are either a closed loop (``"arrival": "closed"``: ``concurrency``
+requests in flight, a new one sent as soon as one finishes; the concurrency defaults to the trial's batch size) or
+a Poisson process (``"arrival": "poisson"`` at ``rate`` requests/s, exponential gaps between sends, as vLLM's
+``benchmark_serving --request-rate`` does with burstiness 1; ``concurrency`` then caps requests in flight).
+Prompts are random token ids from a seeded generator, so every trial of a sweep sends the same requests.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass, field, replace
+
+ARRIVALS = ("closed", "poisson")
+SLO_KEYS = ("ttft_s", "tpot_s", "e2e_latency_s")
+# Warm-up prompts come from another stream than the measured ones, so the paged cache's prefix sharing cannot serve
+# a measured prompt from a warm-up's blocks.
+WARMUP_SEED_OFFSET = 1_000_003
+WARMUP_OUTPUT_TOKENS = 2
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_ids: list[int]
+    output_tokens: int
+    # Seconds after the start of the measured run at which the request may be sent (0 in a closed loop).
+    arrival_s: float = 0.0
+
+
+def _check_length(spec, name: str) -> None:
+    def positive(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+    if positive(spec):
+        return
+    if isinstance(spec, list) and spec and all(positive(value) for value in spec):
+        return
+    if isinstance(spec, dict) and set(spec) == {"uniform"}:
+        bounds = spec["uniform"]
+        if isinstance(bounds, list) and len(bounds) == 2 and all(map(positive, bounds)) and bounds[0] <= bounds[1]:
+            return
+    raise ValueError(f"{name} must be a positive int, a non-empty list of them or {{'uniform': [low, high]}}, "
+                     f"not {spec!r}")
+
+
+def sample_lengths(spec, count: int, rng: random.Random) -> list[int]:
+    if isinstance(spec, int):
+        return [spec] * count
+    if isinstance(spec, list):
+        return [spec[index % len(spec)] for index in range(count)]
+    low, high = spec["uniform"]
+    return [rng.randint(low, high) for _ in range(count)]
+
+
+def largest_length(spec) -> int:
+    if isinstance(spec, int):
+        return spec
+    if isinstance(spec, list):
+        return max(spec)
+    return spec["uniform"][1]
+
+
+@dataclass(frozen=True)
+class Workload:
+    requests: int = 16
+    prompt_len: int | list | dict = 32
+    output_len: int | list | dict = 16
+    arrival: str = "closed"
+    rate: float | None = None
+    concurrency: int | None = None
+    # None: one warm-up request per in-flight slot, so the first full batch is warmed up too.
+    warmup_requests: int | None = None
+    seed: int = 0
+    slo: dict = field(default_factory=dict)
+    # A trial still running after this long is stopped and recorded as failed rather than holding the node.
+    timeout_s: float = 600.0
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> Workload:
+        data = dict(data or {})
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown workload keys: {', '.join(sorted(unknown))}")
+        workload = cls(**data)
+        workload.validate()
+        return workload
+
+    def validate(self) -> None:
+        if not isinstance(self.requests, int) or self.requests < 1:
+            raise ValueError(f"requests must be a positive int, not {self.requests!r}")
+        _check_length(self.prompt_len, "prompt_len")
+        _check_length(self.output_len, "output_len")
+        if self.arrival not in ARRIVALS:
+            raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, not {self.arrival!r}")
+        if self.arrival == "poisson" and not (isinstance(self.rate, int | float) and self.rate > 0):
+            raise ValueError("a Poisson arrival needs a positive rate (requests/s)")
+        if self.arrival == "closed" and self.rate is not None:
+            raise ValueError("rate applies to Poisson arrivals only; a closed loop is paced by its concurrency")
+        for name in ("concurrency", "warmup_requests"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < (1 if name == "concurrency" else 0)):
+                raise ValueError(f"{name} must be a {'positive' if name == 'concurrency' else 'non-negative'} int")
+        unknown_slo = set(self.slo) - set(SLO_KEYS)
+        if unknown_slo or not all(isinstance(v, int | float) and v > 0 for v in self.slo.values()):
+            raise ValueError(f"slo takes positive seconds for {', '.join(SLO_KEYS)}, not {self.slo!r}")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def in_flight_limit(self, batch_size: int) -> int | None:
+        """Requests in flight at most: the closed loop's concurrency (default the batch size), or a Poisson cap."""
+        if self.arrival == "closed":
+            return self.concurrency or batch_size
+        return self.concurrency
+
+    def max_sequence_tokens(self) -> int:
+        return largest_length(self.prompt_len) + largest_length(self.output_len)
+
+    def scaled(self, fraction: float, min_requests: int) -> Workload:
+        """The same workload with ``fraction`` of the requests, but never fewer than ``min_requests`` (e.g. one
+        full batch, or a short run would judge a large batch size by a batch it never fills)."""
+        requests = max(min_requests, math.ceil(self.requests * fraction))
+        return replace(self, requests=min(self.requests, requests))
+
+    def _requests(self, count: int, vocab_size: int, seed: int, output_len, arrival: bool) -> list[Request]:
+        rng = random.Random(seed)
+        prompt_lengths = sample_lengths(self.prompt_len, count, rng)
+        output_lengths = sample_lengths(output_len, count, rng)
+        arrivals, clock = [], 0.0
+        for _ in range(count):
+            arrivals.append(clock if arrival and self.arrival == "poisson" else 0.0)
+            if self.arrival == "poisson":
+                clock += rng.expovariate(self.rate)
+        return [Request([rng.randrange(vocab_size) for _ in range(prompt)], output, at)
+                for prompt, output, at in zip(prompt_lengths, output_lengths, arrivals, strict=True)]
+
+    def measured_requests(self, vocab_size: int) -> list[Request]:
+        return self._requests(self.requests, vocab_size, self.seed, self.output_len, arrival=True)
+
+    def warmup(self, vocab_size: int, batch_size: int) -> list[Request]:
+        """Warm-up requests, sent all at once and excluded from every figure: they pay for lazy initialisation,
+        allocator growth and kernel selection, which the first measured requests would otherwise be charged for."""
+        count = self.warmup_requests if self.warmup_requests is not None else (
+            self.in_flight_limit(batch_size) or batch_size)
+        return self._requests(count, vocab_size, self.seed + WARMUP_SEED_OFFSET, WARMUP_OUTPUT_TOKENS, arrival=False)

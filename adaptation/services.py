@@ -91,6 +91,44 @@ def submit_job(*, team, user, cluster, stages, model=None, parameters=None, retr
     return job
 
 
+ADAPT_STAGES = ["env_check", "op_coverage", "sharded_run", "sweep"]
+# A sweep small enough for a CPU node yet with 12 configurations; nodes with accelerators can be given more.
+ADAPT_SWEEP = {"grid": {"precision": ["fp32", "bf16"], "batch_size": [1, 2, 4], "page_size": [16, 32],
+                        "max_batch_tokens": [256]},
+               "workload": {"requests": 8, "prompt_len": 32, "output_len": 16}, "search": "smart"}
+
+
+def adaptation_layout(model: ModelSpec, cluster: Cluster) -> tuple[dict, str]:
+    """The sharded run's layout: the planner's best layout that fits the cluster, else tp=2 on one node for the
+    reduced model (the sharded run always validates a reduced model, so correctness is checked either way)."""
+    from . import planning
+
+    devices = planning.cluster_devices(cluster)
+    if devices:
+        try:
+            plans = planning.plan(model, devices, "bf16")
+        except ValidationError:
+            plans = {}
+        for layout in plans.get("layouts", []):
+            if layout.get("fits") and layout["nodes"] <= devices["nodes"]:
+                ep = layout["ep"] if layout["ep"] in (1, layout["tp"]) or layout["tp"] == 1 else 1
+                return ({"tp": layout["tp"], "pp": layout["pp"], "ep": ep, "node_count": layout["nodes"]},
+                        f"the planner's best layout that fits {cluster.name}: tp={layout['tp']} pp={layout['pp']} "
+                        f"ep={ep} on {layout['nodes']} node(s)")
+    return ({"tp": 2, "node_count": 1},
+            f"the full model does not fit {cluster.name}: validating the reduced model with tp=2 on one node")
+
+
+def submit_adaptation(*, model: ModelSpec, cluster: Cluster, user) -> AdaptationJob:
+    """The whole adaptation in one job: env check, coverage, a sharded validation run, and the tuning sweep."""
+    layout, why = adaptation_layout(model, cluster)
+    job = submit_job(team=cluster.team, user=user, cluster=cluster, model=model, stages=ADAPT_STAGES,
+                     parameters={"op_coverage": {"compile": False}, "sharded_run": layout, "sweep": ADAPT_SWEEP})
+    job.append_log(f"adaptation: model analysed at upload ({model.analysis.get('method') if model.analysis else '?'});"
+                   f" sharded run uses {why}")
+    return job
+
+
 def retry_job(job: AdaptationJob, user) -> AdaptationJob:
     if not job.is_terminal:
         raise Conflict(f"Job {job.pk} is {job.status}; only a finished job can be retried.")

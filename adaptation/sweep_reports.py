@@ -143,6 +143,8 @@ def _sweep_run(request, pk) -> StageRun:
 def _context(run: StageRun) -> dict:
     return {"run": run, "result": run.result, "charts": chart_html(run.result),
             "trials": run.result.get("trials", []), "best": run.result.get("best"),
+            "pipeline": list(run.job.stage_runs.order_by("id").values("kind", "node_name", "status", "started",
+                                                                         "finished")),
             "title": f"Sweep of {run.job.model} on {run.node_name} (job {run.job_id})"}
 
 

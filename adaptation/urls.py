@@ -14,6 +14,7 @@ urlpatterns = [
     path("models/catalog/", views.model_catalog, name="model-catalog"),
     path("models/catalog/<str:slug>/add/", views.model_catalog_add, name="model-catalog-add"),
     path("models/<int:pk>/", views.model_detail, name="model-detail"),
+    path("models/<int:pk>/adapt/", views.model_adapt, name="model-adapt"),
     path("jobs/", views.job_list, name="job-list"),
     path("jobs/new/", views.job_create, name="job-create"),
     path("jobs/<int:pk>/", views.job_detail, name="job-detail"),

@@ -101,6 +101,16 @@ def model_list(request):
 
 
 @login_required
+@require_POST
+def model_adapt(request, pk):
+    spec = get_object_or_404(ModelSpec.objects.for_user(request.user), pk=pk)
+    cluster = get_object_or_404(Cluster.objects.for_user(request.user).filter(team=spec.team),
+                                pk=request.POST.get("cluster") or 0)
+    job = services.submit_adaptation(model=spec, cluster=cluster, user=request.user)
+    return redirect("job-detail", pk=job.pk)
+
+
+@login_required
 def model_catalog(request):
     teams = services.teams_of(request.user)
     return render(request, "adaptation/model_catalog.html", {"catalog": catalog.CATALOG, "teams": teams})
@@ -148,7 +158,7 @@ def model_detail(request, pk):
     return render(request, "adaptation/model_detail.html", {
         "spec": spec, "analysis": spec.analysis, "jobs": _job_rows(request.user).filter(model=spec)[:10],
         "form": form, "what_if": what_if, "cluster_plans": cluster_plans,
-        "kept_plans": spec.plans.select_related("created_by")[:10],
+        "kept_plans": spec.plans.select_related("created_by")[:10], "clusters": clusters,
     })
 
 

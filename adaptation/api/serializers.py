@@ -292,3 +292,7 @@ class VirtualBackendSerializer(ValidatedModelSerializer):
         model = VirtualBackend
         fields = ["id", "team", "name", "description", "operators", "created"]
         validators = []
+
+
+class AdaptRequestSerializer(serializers.Serializer):
+    cluster = TeamScopedRelatedField(queryset=Cluster.objects.all())

@@ -138,6 +138,19 @@ class ModelSpecViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Re
         kept = planning.record(spec, devices, data["precision"], workload, request.user, cluster=cluster)
         return Response(serializers.ModelPlanSerializer(kept).data, status=status.HTTP_201_CREATED)
 
+    @extend_schema(request=serializers.AdaptRequestSerializer, responses={201: serializers.JobDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def adapt(self, request, pk=None):
+        """The whole adaptation in one call: env check, operator coverage, a sharded validation run with the
+        planner's layout, and the tuning sweep with its benchmark report."""
+        spec = self.get_object()
+        adapt_request = serializers.AdaptRequestSerializer(data=request.data, context=self.get_serializer_context())
+        adapt_request.is_valid(raise_exception=True)
+        job = services.submit_adaptation(model=spec, cluster=adapt_request.validated_data["cluster"],
+                                         user=request.user)
+        return Response(serializers.JobDetailSerializer(job, context=self.get_serializer_context()).data,
+                        status=status.HTTP_201_CREATED)
+
     def perform_destroy(self, instance):
         if instance.created_by_id != self.request.user.pk and not services.is_team_admin(self.request.user,
                                                                                         instance.team):

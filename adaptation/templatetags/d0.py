@@ -42,3 +42,9 @@ def get(mapping, key):
 @register.filter
 def humanize_key(value: str) -> str:
     return str(value).replace("_", " ")
+
+
+@register.filter
+def timeuntil_seconds(finished, started) -> str:
+    """Seconds between two datetimes, for stage durations in reports."""
+    return f"{(finished - started).total_seconds():.1f}"

@@ -1,0 +1,64 @@
+"""In headless Chromium: the coverage heatmap and gap pages, and a sweep report both on its page and as the
+downloaded self-contained HTML file opened offline (file://), with every chart drawn."""
+
+import pytest
+from django.test import Client
+
+from adaptation import services
+from adaptation.coverage import store_op_coverage
+from adaptation.models import CoverageReport, StageRun
+from tests.test_browser import page  # noqa: F401 - the Chromium page fixture
+from tests.test_sweep_reports import sweep_result  # noqa: F401 - a real sweep, module-scoped
+from workers.engine.coverage import op_coverage
+
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+CHARTS = ("throughput", "latency", "cdf", "pareto", "roofline", "predicted")
+
+
+def log_in(page, live_server):  # noqa: F811
+    page.goto(f"{live_server.url}/login/")
+    page.fill("#id_username", "bob")
+    page.fill("#id_password", "a-long-test-password")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/")
+
+
+def test_the_coverage_heatmap_and_gap_pages_render(live_server, cluster, owner, member, node, page):  # noqa: F811
+    spec = services.add_from_catalog(team=cluster.team, user=owner, slug="mixtral-8x7b-v0.1")[0]
+    result = op_coverage({"config": spec.config, "dtypes": ["fp32"], "compile": False, "decode_steps": 1,
+                          "virtual_backends": [{"name": "vendorx", "operators": ["aten::mm", "aten::embedding"]}]},
+                         lambda *_: None)
+    job = services.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["op_coverage"])
+    run = StageRun.objects.create(job=job, kind="op_coverage", node=node, node_name=node.hostname, result=result)
+    from adaptation.coverage import store_op_coverage
+
+    store_op_coverage(run)
+    assert CoverageReport.objects.count() == 2
+    log_in(page, live_server)
+    page.goto(f"{live_server.url}/coverage/")
+    page.locator("#coverage-heatmap .main-svg").first.wait_for(timeout=20_000)
+    assert "virtual:vendorx" in page.locator("#coverage-heatmap").inner_text()
+    page.goto(f"{live_server.url}/models/{spec.pk}/coverage/")
+    assert page.locator("table.gaps tbody tr").count() > 5  # the vendor list lacks most operators
+
+
+def test_a_sweep_report_draws_its_charts_on_the_page_and_offline(live_server, cluster, owner, member, node, page,  # noqa: F811
+                                                                 sweep_result, tmp_path):  # noqa: F811
+    spec = services.add_from_catalog(team=cluster.team, user=owner, slug="qwen3-0.6b")[0]
+    job = services.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["sweep"])
+    run = StageRun.objects.create(job=job, kind="sweep", node=node, node_name=node.hostname)
+    run.start()
+    run.finish(result=sweep_result)
+    log_in(page, live_server)
+    page.goto(f"{live_server.url}/sweeps/{run.pk}/")
+    for chart in CHARTS:
+        page.locator(f"#chart-{chart} .main-svg").first.wait_for(timeout=20_000)
+    client = Client()
+    client.force_login(member)
+    saved = tmp_path / "report.html"
+    saved.write_bytes(client.get(f"/sweeps/{run.pk}/report.html").content)
+    page.goto(saved.as_uri())  # offline: no server behind this page
+    for chart in CHARTS:
+        page.locator(f"#chart-{chart} .main-svg").first.wait_for(timeout=20_000)
+    assert page.locator("table.trials tbody tr").count() == len(sweep_result["trials"])

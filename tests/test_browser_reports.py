@@ -11,7 +11,6 @@ from tests.test_browser import page  # noqa: F401 - the Chromium page fixture
 from tests.test_sweep_reports import sweep_result  # noqa: F401 - a real sweep, module-scoped
 from workers.engine.coverage import op_coverage
 
-
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 CHARTS = ("throughput", "latency", "cdf", "pareto", "roofline", "predicted")
 
@@ -31,8 +30,6 @@ def test_the_coverage_heatmap_and_gap_pages_render(live_server, cluster, owner, 
                          lambda *_: None)
     job = services.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["op_coverage"])
     run = StageRun.objects.create(job=job, kind="op_coverage", node=node, node_name=node.hostname, result=result)
-    from adaptation.coverage import store_op_coverage
-
     store_op_coverage(run)
     assert CoverageReport.objects.count() == 2
     log_in(page, live_server)

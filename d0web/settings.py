@@ -195,4 +195,6 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env_str("D0_LOG_LEVEL", "INFO")},
+    # transformers' continuous batching logs a dozen INFO lines per served batch: warnings are what matter here.
+    "loggers": {"transformers": {"level": "WARNING"}, "ContinuousBatchingLogger": {"level": "WARNING"}},
 }

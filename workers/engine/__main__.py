@@ -29,7 +29,8 @@ class StderrProgress:
     def __call__(self, fraction: float, message: str) -> None:
         if self.active:
             filled = int(fraction * 30)
-            self.stream.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {int(fraction * 100):3d}% {message:<40}")
+            # \x1b[K clears what a longer earlier message left on the line.
+            self.stream.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {int(fraction * 100):3d}% {message}\x1b[K")
             self.stream.flush()
 
     def done(self) -> None:

@@ -153,27 +153,31 @@ def report_page(request, pk):
     return render(request, "adaptation/sweep_report.html", _context(_sweep_run(request, pk)))
 
 
-@login_required
-def report_html(request, pk):
-    """The report as one file that opens offline: plotly's JavaScript is inlined."""
-    run = _sweep_run(request, pk)
-    body = render_to_string("adaptation/sweep_report_body.html", _context(run))
-    html = (f"<!doctype html><html><head><meta charset='utf-8'><title>{escape(_context(run)['title'])}</title>"
+def self_contained_html(run: StageRun) -> str:
+    """The report as one file that opens offline: plotly's JavaScript and the stylesheet are inlined."""
+    context = _context(run)
+    body = render_to_string("adaptation/sweep_report_body.html", context)
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{escape(context['title'])}</title>"
             f"<style>{_report_css()}</style><script>{PLOTLY_JS.read_text()}</script></head>"
             f"<body>{body}</body></html>")
-    return _download(html, "text/html", f"d0-sweep-{run.pk}.html")
+
+
+@login_required
+def report_html(request, pk):
+    run = _sweep_run(request, pk)
+    return download(self_contained_html(run), "text/html", f"d0-sweep-{run.pk}.html")
 
 
 @login_required
 def report_json(request, pk):
     run = _sweep_run(request, pk)
-    return _download(json.dumps(run.result, indent=2, sort_keys=True), "application/json", f"d0-sweep-{run.pk}.json")
+    return download(json.dumps(run.result, indent=2, sort_keys=True), "application/json", f"d0-sweep-{run.pk}.json")
 
 
 @login_required
 def report_csv(request, pk):
     run = _sweep_run(request, pk)
-    return _download(trials_csv(run.result), "text/csv", f"d0-sweep-{run.pk}.csv")
+    return download(trials_csv(run.result), "text/csv", f"d0-sweep-{run.pk}.csv")
 
 
 @login_required
@@ -185,7 +189,7 @@ def compare_page(request):
         "sides": sides, "choices": runs.select_related("job__model").defer("result").order_by("-id")[:50]})
 
 
-def _download(content: str, content_type: str, filename: str) -> HttpResponse:
+def download(content: str, content_type: str, filename: str) -> HttpResponse:
     response = HttpResponse(content, content_type=f"{content_type}; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     return response

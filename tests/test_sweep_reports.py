@@ -43,7 +43,9 @@ def test_the_report_page_shows_every_chart_and_trial(client_for, sweep_run, swee
     page = client_for.get(f"/sweeps/{sweep_run.pk}/").content.decode()
     for chart in ("throughput", "latency", "cdf", "pareto", "roofline", "predicted"):
         assert f'id="chart-{chart}"' in page
-    assert page.count("<tr><td>") == len(sweep_result["trials"])
+    trials_table = page[page.index('class="trials"'):]
+    assert trials_table.count("<tr><td>") == len(sweep_result["trials"])
+    assert "<td>sweep</td>" in page  # the job's stages, with their status
     assert "Roofline inputs: memory bandwidth" in page
 
 
@@ -86,3 +88,14 @@ def test_a_sweep_on_a_node_gets_the_figures_its_env_check_measured(cluster, owne
     job = services.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["sweep"])
     [(chosen, params)] = services.stage_assignments(job, "sweep", [node])
     assert params["hardware"] == {"memory_bandwidth_bytes_per_s": 4e10, "flops_per_s": {"fp32": 1.6e11}}
+
+
+def test_the_api_lists_reports_and_downloads_them_with_a_token(member_api, outsider_api, sweep_run, sweep_result):
+    assert [row["id"] for row in member_api.get("/api/sweep-reports/").json()["results"]] == [sweep_run.pk]
+    detail = member_api.get(f"/api/sweep-reports/{sweep_run.pk}/").json()
+    assert detail["result"]["search"]["configurations"] == sweep_result["search"]["configurations"]
+    html = member_api.get(f"/api/sweep-reports/{sweep_run.pk}/html/")
+    assert html["Content-Type"].startswith("text/html") and b"plotly.js v" in html.content
+    rows = member_api.get(f"/api/sweep-reports/{sweep_run.pk}/csv/").content.decode().splitlines()
+    assert len(rows) == 1 + len(sweep_result["trials"])
+    assert outsider_api.get(f"/api/sweep-reports/{sweep_run.pk}/html/").status_code == 404

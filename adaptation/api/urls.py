@@ -18,6 +18,7 @@ router.register("model-plans", views.ModelPlanViewSet)
 router.register("coverage-reports", views.CoverageReportViewSet)
 router.register("operators", views.OperatorRecordViewSet)
 router.register("virtual-backends", views.VirtualBackendViewSet)
+router.register("sweep-reports", views.SweepReportViewSet, basename="sweep-report")
 
 urlpatterns = [
     path("status/", views.StatusView.as_view(), name="api-status"),

@@ -7,7 +7,7 @@ from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import catalog, coverage, filtersets, planning, services
+from .. import catalog, coverage, filtersets, planning, services, sweep_reports
 from ..choices import NodeStatus
 from ..models import (AdaptationJob, Cluster, CoverageReport, Device, EnvReport, Link, ModelPlan, ModelSpec, Node,
                       OperatorRecord, StageRun, VirtualBackend)
@@ -287,6 +287,30 @@ class CatalogView(APIView):
     @extend_schema(responses={200: serializers.CatalogEntrySerializer(many=True)})
     def get(self, request):
         return Response(serializers.CatalogEntrySerializer(catalog.CATALOG, many=True).data)
+
+
+class SweepReportViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
+    """Benchmark reports: the sweep stages' results. ``html`` (self-contained, opens offline) and ``csv`` download
+    them; the detail is the JSON."""
+
+    queryset = StageRun.objects.filter(kind="sweep", status="succeeded")
+    ordering = ["-id"]
+    filterset_fields = ["job"]
+
+    def get_serializer_class(self):
+        return serializers.StageRunListSerializer if self.action == "list" else serializers.StageRunSerializer
+
+    @extend_schema(responses={(200, "text/html"): str})
+    @action(detail=True, methods=["get"])
+    def html(self, request, pk=None):
+        run = self.get_object()
+        return sweep_reports.download(sweep_reports.self_contained_html(run), "text/html", f"d0-sweep-{run.pk}.html")
+
+    @extend_schema(responses={(200, "text/csv"): str})
+    @action(detail=True, methods=["get"])
+    def csv(self, request, pk=None):
+        run = self.get_object()
+        return sweep_reports.download(sweep_reports.trials_csv(run.result), "text/csv", f"d0-sweep-{run.pk}.csv")
 
 
 class StatusView(APIView):

@@ -74,7 +74,8 @@ class JobForm(TeamChoiceMixin, forms.Form):
     stages = forms.MultipleChoiceField(choices=StageKind.choices, widget=forms.CheckboxSelectMultiple,
                                        initial=[StageKind.values[0]])
     parameters = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), required=False,
-                                 help_text='Optional JSON object, e.g. {"nodes": ["gpu-01"]}.')
+                                 help_text='Optional JSON object: {"nodes": ["gpu-01"]} limits the nodes; '
+                                           'per stage, e.g. {"sharded_run": {"tp": 2}}.')
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)

@@ -35,7 +35,7 @@ def measure(broker_url: str | None, jobs: int) -> list[float]:
         processes = Processes(Path(tmp))
         up = processes.start("up", [sys.executable, "manage.py", "up", "--bind", base[7:], "--web-workers", "1"], env)
         try:
-            wait_for(quietly(lambda: call(f"{base}/api/status/")["workers"]["node"]), 120, "d0 to come up")
+            wait_for(quietly(lambda: all(call(f"{base}/api/status/")["workers"].values())), 120, "d0 to come up")
             username, password = (var / "demo-credentials.txt").read_text().split()
             form = f"username={username}&password={password}".encode()
             with urllib.request.urlopen(urllib.request.Request(f"{base}/api/token/", data=form)) as response:

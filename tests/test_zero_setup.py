@@ -49,7 +49,7 @@ def test_the_run_command_serves_d0_and_runs_a_job_with_no_external_services(tmp_
     up = processes.start("up", [sys.executable, "manage.py", "up", "--bind", base.removeprefix("http://"),
                                 "--web-workers", "1"], env)
     try:
-        status = wait_for(quietly(lambda: (s := call(f"{base}/api/status/"))["workers"]["node"] and s), 120,
+        status = wait_for(quietly(lambda: all((s := call(f"{base}/api/status/"))["workers"].values()) and s), 120,
                           "web, control worker and node worker to come up")
         assert status == {"database": "ok", "broker": "ok", "workers": {"control": 1, "node": 1}}
         username, password = (tmp_path / "var" / "demo-credentials.txt").read_text().split()

@@ -79,21 +79,24 @@ def test_list_pages_run_a_fixed_number_of_queries(url, expected, owner, team):
     assert queries_for(lambda: client.get(url)) == expected
 
 
+def add_nodes(cluster, count):
+    """``count`` nodes of two H200s joined by NVLink."""
+    for _ in range(count):
+        node = Node.objects.create(cluster=cluster, hostname=f"n{Node.objects.count()}",
+                                   queue_name=f"q{Node.objects.count()}")
+        a = Device.objects.create(node=node, index=0, kind="cuda", name="NVIDIA H200")
+        b = Device.objects.create(node=node, index=1, kind="cuda", name="NVIDIA H200")
+        Link.objects.create(cluster=cluster, kind="nvlink", source_device=a, target_device=b)
+
+
 def test_the_cluster_page_runs_a_fixed_number_of_queries_whatever_its_node_count(owner, team):
     client = Client()
     client.force_login(owner)
     cluster = Cluster.objects.create(team=team, name="big")
-
-    def grow(count):
-        for _ in range(count):
-            node = Node.objects.create(cluster=cluster, hostname=f"n{Node.objects.count()}",
-                                       queue_name=f"q{Node.objects.count()}")
-            Device.objects.create(node=node, index=0, kind="cuda", name="H100")
-
     # Session, user, cluster, admin check, nodes, their devices (one prefetch), the cluster's recent jobs.
-    grow(1)
+    add_nodes(cluster, 1)
     assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/")) == 7
-    grow(8)
+    add_nodes(cluster, 8)
     assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/")) == 7
 
 
@@ -101,20 +104,9 @@ def test_the_topology_page_and_endpoint_run_a_fixed_number_of_queries(owner, own
     client = Client()
     client.force_login(owner)
     cluster = Cluster.objects.create(team=team, name="topo")
-
-    def grow(count):
-        for _ in range(count):
-            node = Node.objects.create(cluster=cluster, hostname=f"n{Node.objects.count()}",
-                                       queue_name=f"q{Node.objects.count()}")
-            a = Device.objects.create(node=node, index=0, kind="cuda", name="NVIDIA H200")
-            b = Device.objects.create(node=node, index=1, kind="cuda", name="NVIDIA H200")
-            Link.objects.create(cluster=cluster, kind="nvlink", source_device=a, target_device=b)
-
     # Endpoint: cluster, nodes, their devices (prefetch), latest reports (DISTINCT ON), links with ends joined.
     # The page adds session, user and the check history.
-    grow(1)
-    assert queries_for(lambda: owner_api.get(f"/api/clusters/{cluster.pk}/topology/")) == 5
-    assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/topology/")) == 8
-    grow(5)
-    assert queries_for(lambda: owner_api.get(f"/api/clusters/{cluster.pk}/topology/")) == 5
-    assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/topology/")) == 8
+    for count in (1, 5):
+        add_nodes(cluster, count)
+        assert queries_for(lambda: owner_api.get(f"/api/clusters/{cluster.pk}/topology/")) == 5
+        assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/topology/")) == 8

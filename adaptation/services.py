@@ -111,7 +111,9 @@ def adaptation_layout(model: ModelSpec, cluster: Cluster) -> tuple[dict, str]:
             plans = {}
         for layout in plans.get("layouts", []):
             if layout.get("fits") and layout["nodes"] <= devices["nodes"]:
-                ep = layout["ep"] if layout["ep"] in (1, layout["tp"]) or layout["tp"] == 1 else 1
+                # The sharding engine spreads experts over the tensor-parallel ranks (ep equals tp, or tp is 1);
+                # a layout that also spreads them over data-parallel replicas is validated without EP.
+                ep = layout["ep"] if layout["tp"] == 1 or layout["ep"] == layout["tp"] else 1
                 return ({"tp": layout["tp"], "pp": layout["pp"], "ep": ep, "node_count": layout["nodes"]},
                         f"the planner's best layout that fits {cluster.name}: tp={layout['tp']} pp={layout['pp']} "
                         f"ep={ep} on {layout['nodes']} node(s)")

@@ -25,7 +25,6 @@ def coverage_overview(request):
     return render(request, "adaptation/coverage.html", {
         "heatmap": coverage.heatmap(request.user), "form": form, "library": library,
         "virtual_backends": VirtualBackend.objects.for_user(request.user),
-        "models": ModelSpec.objects.for_user(request.user).only("id", "name"),
     })
 
 

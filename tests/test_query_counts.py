@@ -6,7 +6,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from adaptation.models import AdaptationJob, Cluster, Device, EnvReport, Link, ModelPlan, ModelSpec, Node, StageRun
+from adaptation.models import (AdaptationJob, Cluster, CoverageReport, Device, EnvReport, Link, ModelPlan, ModelSpec,
+                               Node, OperatorRecord, StageRun, VirtualBackend)
 
 
 def add_rows(team, user, count):
@@ -25,6 +26,13 @@ def add_rows(team, user, count):
         run = StageRun.objects.create(job=job, kind="env_probe", node=node, node_name=node.hostname)
         EnvReport.objects.create(node=node, job=job, stage_run=run, verdict="pass", report={"checks": []})
         ModelPlan.objects.create(model=spec, request={}, result={}, created_by=user)
+        CoverageReport.objects.create(model=spec, job=job, stage_run=run, node=node, backend=f"b{node.pk}",
+                                      dtype="bf16", coverage=1.0, report={"operators": [], "summary": {"gaps": []}})
+        OperatorRecord.objects.create(team=team, backend=f"b{node.pk}", operator="aten::mm.default", status="native",
+                                      last_verified=run.created, first_model=spec)
+        VirtualBackend.objects.create(team=team, name=f"v{node.pk}", operators=["aten::mm"], created_by=user)
+        StageRun.objects.create(job=job, kind="sweep", node=node, node_name=node.hostname, status="succeeded",
+                                result={"trials": []})
 
 
 def queries_for(fetch) -> int:
@@ -46,6 +54,10 @@ API_LISTS = {
     "/api/stage-runs/": 2,
     "/api/env-reports/": 2,
     "/api/model-plans/": 2,
+    "/api/coverage-reports/": 2,
+    "/api/operators/": 2,
+    "/api/virtual-backends/": 2,
+    "/api/sweep-reports/": 2,
 }
 
 PAGES = {
@@ -58,6 +70,9 @@ PAGES = {
     "/models/": 2 + 2,
     # Jobs: the filter form's cluster and model choices, paginator COUNT(*) and the page.
     "/jobs/": 2 + 4,
+    # Coverage: the heatmap's newest reports, the library summary, the virtual backends, and the upload form's
+    # team field (its count, the one team as default, its options).
+    "/coverage/": 2 + 6,
 }
 
 

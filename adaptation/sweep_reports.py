@@ -40,9 +40,16 @@ def _layout(title: str, x: str, y: str, **extra) -> dict:
 
 
 def _by_precision(trials: list[dict]) -> dict[str, list[dict]]:
+    """Per precision, the best trial (highest output tokens/s) at each batch size, by batch size: the curves a
+    reader compares; every trial is in the table, the Pareto plot and the roofline."""
+    best: dict[tuple[str, int], dict] = {}
+    for trial in trials:
+        key = (trial["params"]["precision"], trial["params"]["batch_size"])
+        if key not in best or trial["metrics"]["output_tokens_per_s"] > best[key]["metrics"]["output_tokens_per_s"]:
+            best[key] = trial
     groups: dict[str, list[dict]] = {}
-    for trial in sorted(trials, key=lambda trial: trial["params"]["batch_size"]):
-        groups.setdefault(trial["params"]["precision"], []).append(trial)
+    for (precision, _), trial in sorted(best.items()):
+        groups.setdefault(precision, []).append(trial)
     return groups
 
 
@@ -51,8 +58,9 @@ def figures(result: dict) -> dict[str, go.Figure]:
     groups = _by_precision(trials)
     label = [f"#{t['id']} {t['params']['precision']} bs{t['params']['batch_size']} "
              f"page{t['params']['page_size']} mbt{t['params']['max_batch_tokens']}" for t in trials]
-    throughput = go.Figure(layout=_layout("Output throughput vs batch size", "batch size", "output tokens/s"))
-    latency = go.Figure(layout=_layout("TTFT and TPOT (p50) vs batch size", "batch size", "seconds"))
+    throughput = go.Figure(layout=_layout("Output throughput vs batch size (best per size)", "batch size",
+                                          "output tokens/s"))
+    latency = go.Figure(layout=_layout("TTFT and TPOT (p50) vs batch size (best per size)", "batch size", "seconds"))
     for precision, members in groups.items():
         sizes = [trial["params"]["batch_size"] for trial in members]
         throughput.add_trace(go.Scatter(x=sizes, y=[t["metrics"]["output_tokens_per_s"] for t in members],
@@ -108,7 +116,7 @@ def figures(result: dict) -> dict[str, go.Figure]:
 
 def chart_html(result: dict) -> dict[str, str]:
     return {name: figure.to_html(full_html=False, include_plotlyjs=False, div_id=f"chart-{name}",
-                                 config={"displaylogo": False})
+                                 config={"displaylogo": False, "responsive": True})
             for name, figure in figures(result).items()}
 
 

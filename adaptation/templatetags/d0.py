@@ -48,3 +48,10 @@ def humanize_key(value: str) -> str:
 def timeuntil_seconds(finished, started) -> str:
     """Seconds between two datetimes, for stage durations in reports."""
     return f"{(finished - started).total_seconds():.1f}"
+
+
+@register.filter
+def flops(value) -> str:
+    if value in (None, ""):
+        return "—"
+    return f"{value / 1e9:,.1f} GFLOP/s" if value < 1e12 else f"{value / 1e12:,.1f} TFLOP/s"

@@ -261,7 +261,7 @@ class Command(BaseCommand):
         as_json = options["json"]
         say = self.stderr.write if as_json else self.stdout.write
 
-        from workers.engine.__main__ import StderrProgress
+        from workers.engine.progress import StderrProgress
         from workers.engine.sweep import run_sweep
 
         configurations = len(grid["precision"]) * len(grid["batch_size"]) * len(grid["page_size"]) * len(

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The GPU checks the issues ask for, as one short run on a lent accelerator machine (a few minutes):
+# envcheck, operator coverage of two models in bf16, the backend-parity sharded run (bf16 on the GPU against the
+# CPU fp32 reference) for two architectures, and one small sweep. JSON (and the sweep's CSV) go to
+# docs/validation/<date>-<gpu>/ ; commit that folder.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python}
+gpu=$($PY -c "import torch; print(torch.cuda.get_device_name(0).replace(' ', '-') if torch.cuda.is_available() else 'no-gpu')")
+out=docs/validation/$(date -u +%Y-%m-%d)-$gpu
+mkdir -p "$out"
+configs=adaptation/catalog/configs
+run() {  # name, then the engine command; a failing check is recorded, the others still run
+  local name=$1; shift
+  echo "== $name"
+  if ! timeout 300 $PY -m workers.engine "$@" --json > "$out/$name.json" 2> "$out/$name.stderr"; then
+    echo "   failed: see $out/$name.stderr"
+  fi
+}
+run envcheck envcheck --expected-devices 1
+run coverage-qwen3-30b-a3b-bf16 coverage "$configs/qwen3-30b-a3b.json" --dtype bf16
+run coverage-llama-3.1-8b-bf16 coverage "$configs/llama-3.1-8b.json" --dtype bf16
+run parity-llama-3.1-8b-bf16 shard "$configs/llama-3.1-8b.json" --tp 1 --dtype bf16 --device cuda
+run parity-mixtral-8x7b-bf16 shard "$configs/mixtral-8x7b-v0.1.json" --tp 1 --dtype bf16 --device cuda
+run sweep-qwen3-30b-a3b-bf16 sweep "$configs/qwen3-30b-a3b.json" --precisions bf16 --batch-sizes 1,4,16 \
+  --page-sizes 16,64 --requests 16 --device cuda
+ls -la "$out"

@@ -61,6 +61,9 @@ class Command(BaseCommand):
 
     @staticmethod
     def _stop_all(processes):
+        # A second Ctrl-C or SIGTERM while stopping must not cut the clean-up short and leave workers behind.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         for process in processes.values():
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)

@@ -12,12 +12,16 @@ from .models import Cluster, ModelSpec, Team, VirtualBackend
 class TeamChoiceMixin:
     """Limits every team-owned choice of a form to the user's teams."""
 
-    def scope(self, user):
+    def scope(self, user, teams=None):
+        """``teams`` narrows the team choices further (e.g. to those the user administers)."""
         for field in self.fields.values():
             if isinstance(field, forms.ModelChoiceField):
                 field.queryset = field.queryset.model.objects.for_user(user)
-        if "team" in self.fields and self.fields["team"].queryset.count() == 1:
-            self.fields["team"].initial = self.fields["team"].queryset.first()
+        if "team" in self.fields:
+            if teams is not None:
+                self.fields["team"].queryset = teams
+            if self.fields["team"].queryset.count() == 1:
+                self.fields["team"].initial = self.fields["team"].queryset.first()
 
 
 class ClusterForm(TeamChoiceMixin, forms.ModelForm):
@@ -27,9 +31,7 @@ class ClusterForm(TeamChoiceMixin, forms.ModelForm):
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["team"].queryset = Team.objects.for_user(user).filter(memberships__role=TeamRole.ADMIN)
-        if self.fields["team"].queryset.count() == 1:
-            self.fields["team"].initial = self.fields["team"].queryset.first()
+        self.scope(user, teams=Team.objects.for_user(user).filter(memberships__role=TeamRole.ADMIN))
 
 
 class ModelSpecForm(TeamChoiceMixin, forms.ModelForm):
@@ -42,7 +44,6 @@ class ModelSpecForm(TeamChoiceMixin, forms.ModelForm):
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["team"].queryset = Team.objects.for_user(user)
         self.scope(user)
 
     def clean_config_file(self):
@@ -97,7 +98,7 @@ class JobForm(TeamChoiceMixin, forms.Form):
         return value
 
 
-class VirtualBackendForm(forms.ModelForm):
+class VirtualBackendForm(TeamChoiceMixin, forms.ModelForm):
     """A backend described by the aten operators it implements: a CSV (one name per line or cell) or JSON list."""
 
     operator_file = forms.FileField(label="Operator list", help_text="CSV or JSON list of aten operator names.")
@@ -108,9 +109,7 @@ class VirtualBackendForm(forms.ModelForm):
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["team"].queryset = Team.objects.for_user(user)
-        if self.fields["team"].queryset.count() == 1:
-            self.fields["team"].initial = self.fields["team"].queryset.first()
+        self.scope(user)
 
     def clean_operator_file(self):
         from workers.engine.coverage.virtual_backend import parse_operator_list

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.db.models import Prefetch
 
-from workers.engine.peaks import published_peak
+from workers.engine.envcheck.peaks import published_peak
 
 from .models import Cluster, Device, EnvReport, Link
 

@@ -10,12 +10,12 @@ import sys
 import pytest
 import torch
 
-from workers.engine.coverage import load_config, op_coverage, run_coverage
+from workers.engine.coverage import op_coverage, run_coverage
 from workers.engine.coverage.classify import COVERED, Classifier
-from workers.engine.coverage.config_loading import build_meta_model
-from workers.engine.coverage.reducer import compare_module_classes, layer_kinds, reduce_config
 from workers.engine.coverage.tracing import capture_example
 from workers.engine.coverage.virtual_backend import load_operator_list, virtual_backend
+from workers.engine.models import build_meta_model, load_config
+from workers.engine.models.reducer import compare_module_classes, layer_kinds, reduce_config
 
 from .conftest import CONFIGS
 MODELS = {

@@ -7,7 +7,7 @@ import sys
 import psutil
 import pytest
 
-from workers.engine.probe import env_probe, probe_devices
+from workers.engine.envcheck.probe import env_probe, probe_devices
 from workers.engine.stages import STAGE_KINDS, run_stage
 
 

@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from workers.engine import checks
-from workers.engine.busbw import bus_bandwidth
+from workers.engine.envcheck import checks
+from workers.engine.envcheck.busbw import bus_bandwidth
 from workers.engine.envcheck import env_check
-from workers.engine.peaks import published_peak
+from workers.engine.envcheck.peaks import published_peak
 
 WITHOUT_DJANGO = "import sys; [sys.modules.__setitem__(name, None) for name in ('django', 'adaptation', 'd0web')];"
 

@@ -15,7 +15,7 @@ import torch
 from workers.engine.sweep import run_sweep, sweep_stage
 from workers.engine.sweep.backends import BACKENDS, TransformersContinuousBatching, TrialParams
 from workers.engine.sweep.metrics import RequestRecord, percentile, summarize
-from workers.engine.sweep.models import dynamic_int8_unsupported
+from workers.engine.sweep.benchmark_model import dynamic_int8_unsupported
 from workers.engine.sweep.roofline import ModelCost, model_cost, predict
 from workers.engine.sweep.search import configurations, grid_search, successive_halving
 from workers.engine.sweep.workload import Workload

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.engine.topology import (
+from workers.engine.envcheck.topology import (
     NVIDIA_LINK_LEGEND,
     collect_topology,
     parse_amd_smi_topology,

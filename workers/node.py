@@ -24,7 +24,7 @@ from celery import Celery, signals
 from celery.exceptions import SoftTimeLimitExceeded
 
 from . import protocol
-from .engine.probe import probe_devices, probe_host
+from .engine.envcheck.probe import probe_devices, probe_host
 from .engine.stages import run_stage as run_engine_stage
 
 logger = logging.getLogger("d0.node")

@@ -10,8 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .coverage import op_coverage
-from .envcheck import env_check
-from .probe import env_probe
+from .envcheck import env_check, env_probe
 from .sharding import shard_stage
 from .sweep import sweep_stage
 

@@ -74,7 +74,7 @@ def _length(text, option: str):
 
 
 def _precisions(text: str) -> list[str]:
-    from workers.engine.sweep.models import PRECISIONS
+    from workers.engine.sweep.benchmark_model import PRECISIONS
 
     names = list(dict.fromkeys(part.strip().lower() for part in str(text).split(",") if part.strip()))
     unknown = [name for name in names if name not in PRECISIONS]

@@ -23,7 +23,7 @@ import math
 from dataclasses import asdict, dataclass
 from itertools import accumulate
 
-from ..peaks import published_peak, peaks_by_memory
+from ..envcheck.peaks import published_peak, peaks_by_memory
 from .config_loading import ConfigView
 from .kv_cache import KvCache, kv_bytes_per_element
 from .layers import Layout

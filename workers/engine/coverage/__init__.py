@@ -6,7 +6,6 @@ device, and reports each aten operator as native / composite / decomposable / mi
 readiness. ``op_coverage`` is the same as a node stage. Plain Python + torch + transformers: no Django.
 """
 
-from .config_loading import load_config
 from .report import op_coverage, run_coverage
 
-__all__ = ["load_config", "op_coverage", "run_coverage"]
+__all__ = ["op_coverage", "run_coverage"]

@@ -14,9 +14,9 @@ import torch
 
 from .classify import classify_trace, summarise
 from .compile_check import compile_check, skipped
-from .config_loading import build_meta_model, build_random_model, causal_lm_config, load_config
+from ..models.loading import build_meta_model, build_random_model, causal_lm_config, load_config
 from .mechanisms import check_mechanisms
-from .reducer import compare_module_classes, parameter_count, reduce_config
+from ..models.reducer import compare_module_classes, parameter_count, reduce_config
 from .smoke import smoke_test_all
 from .tracing import trace_model
 from .virtual_backend import Backend, device_backend, load_operator_list, virtual_backend

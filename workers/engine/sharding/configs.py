@@ -1,7 +1,7 @@
 """Small models of a real architecture: a shipped config.json shrunk in depth and width, or a checkpoint on disk.
 
-``small_config`` is a stand-in for the architecture-preserving reducer (``workers/engine/coverage/reducer.py``,
-written elsewhere); replace it with the reducer once that exists. It keeps what changes how a model is sharded —
+``small_config`` is a stand-in for the architecture-preserving reducer of the one model path
+(``workers/engine/models/reducer.py``), which is to replace it. It keeps what changes how a model is sharded —
 the layer kinds (dense and MoE layers, sliding and full attention), grouped-query or multi-head attention, a
 head_dim that differs from hidden/heads, MLA's low-rank projections, shared experts and group-limited routing —
 and shrinks the sizes so two CPU processes run a model in seconds.

@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..coverage.config_loading import build_random_model, causal_lm_config, load_config
+from ..models.loading import build_random_model, causal_lm_config, load_config
 from .metrics import RequestRecord
-from .models import PRECISIONS, benchmark_config, dynamic_int8_unsupported, quantize_dynamic_int8
+from .benchmark_model import PRECISIONS, benchmark_config, dynamic_int8_unsupported, quantize_dynamic_int8
 from .roofline import ModelCost, model_cost
 from .workload import Request, Workload
 

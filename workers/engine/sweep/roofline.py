@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from ..coverage.reducer import EXPERT_COUNT_KEYS, TOP_K_KEYS
-from ..measure import copy_bandwidth, matmul_throughput
+from ..models.reducer import EXPERT_COUNT_KEYS, TOP_K_KEYS
+from ..envcheck.measure import copy_bandwidth, matmul_throughput
 
 FORMULAS = {
     "flops": "2 x active parameters x tokens (active: sum(p.numel()) of the built model, routed experts x top_k / "

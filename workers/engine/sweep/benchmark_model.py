@@ -1,7 +1,7 @@
 """The model a sweep serves: the real architecture reduced to a few layers and small widths, or the full model,
 with seeded random weights in the trial's precision. No hub access and no remote code.
 
-The reduction is the coverage reducer's (``workers/engine/coverage/reducer.py``): it keeps every layer kind, the
+The reduction is the coverage reducer's (``workers/engine/models/reducer.py``): it keeps every layer kind, the
 head dims and the routing. It cuts a model whose layers are all of one kind to one layer; a benchmark model keeps
 at least ``MIN_LAYERS`` so that a forward step still passes hidden states from layer to layer and the per-layer
 costs show next to the fixed ones (embedding, LM head, sampling). The extra layers repeat the one kind.
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..coverage.config_loading import causal_lm_config, load_config, text_config_dict
-from ..coverage.reducer import reduce_config
+from ..models.loading import causal_lm_config, load_config, text_config_dict
+from ..models.reducer import reduce_config
 
 MIN_LAYERS = 2
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32}

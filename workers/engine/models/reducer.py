@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config_loading import IGNORED_KEYS, build_meta_model, causal_lm_config, load_config, text_config_dict
+from .loading import IGNORED_KEYS, build_meta_model, causal_lm_config, load_config, text_config_dict
 
 VOCAB_SIZE = 512
 # Shorter than the traced prompt, so sliding-window and chunked-attention masks really cut something.

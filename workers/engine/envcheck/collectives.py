@@ -32,7 +32,7 @@ def measure_collectives(world_size: int, backend: str, size_bytes: int = 16 * 2*
     port = _free_port()
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
            "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "workers.engine.collectives", "--backend", backend,
+    command = [sys.executable, "-m", "workers.engine.envcheck.collectives", "--backend", backend,
                "--size-bytes", str(size_bytes), "--iterations", str(iterations)]
     ranks = [subprocess.Popen(command, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

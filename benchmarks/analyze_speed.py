@@ -8,7 +8,7 @@ the peak RSS growth over the post-import baseline (ru_maxrss). accelerate gets t
 DeepseekV3Config: without d0 it would need ``trust_remote_code`` to read a ``kimi_k2`` config at all.
 Target for d0: under 5 s and 1 GiB. Figures are printed, not asserted.
 
-    python benchmarks/analyze_speed.py [--config adaptation/catalog/configs/kimi-k2-instruct.json] [--repeat 3]
+    python benchmarks/analyze_speed.py [--config adaptation/intake/catalog/configs/kimi-k2-instruct.json] [--repeat 3]
 """
 
 import argparse
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG = ROOT / "adaptation" / "catalog" / "configs" / "kimi-k2-instruct.json"
+DEFAULT_CONFIG = ROOT / "adaptation" / "intake" / "catalog" / "configs" / "kimi-k2-instruct.json"
 
 CHILD = r"""
 import json, resource, sys, time

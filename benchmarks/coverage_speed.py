@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 
 from workers.engine.coverage import run_coverage  # noqa: E402
 
-CONFIGS = ROOT / "adaptation" / "catalog" / "configs"
+CONFIGS = ROOT / "adaptation" / "intake" / "catalog" / "configs"
 DEFAULT_MODELS = ["deepseek-v3.json", "qwen3-30b-a3b.json", "llama-4-scout-17b-16e-instruct.partial.json",
                   "llama-4-maverick-17b-128e-instruct.partial.json", "gpt-oss-20b.json", "glm-4.7.json",
                   "mixtral-8x7b-v0.1.json", "llama-3.1-8b.json", "qwen3-0.6b.json", "jamba-v0.1.json"]

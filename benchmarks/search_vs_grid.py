@@ -9,7 +9,7 @@ of many noisy measurements, so it is biased upwards (the winner's curse) on a bu
 configuration each search picked again, interleaved, ``--repeats`` times, and compares the medians: how good the
 pick is, which is what a search is for. The roofline's hardware figures are measured once and given to both.
 
-    python benchmarks/search_vs_grid.py [--config adaptation/catalog/configs/qwen3-0.6b.json] [--requests 36]
+    python benchmarks/search_vs_grid.py [--config adaptation/intake/catalog/configs/qwen3-0.6b.json] [--requests 36]
 """
 
 import argparse
@@ -27,7 +27,7 @@ from workers.engine.sweep.metrics import summarize  # noqa: E402
 from workers.engine.sweep.roofline import hardware_figures  # noqa: E402
 from workers.engine.sweep.workload import Workload  # noqa: E402
 
-DEFAULT_CONFIG = ROOT / "adaptation" / "catalog" / "configs" / "qwen3-0.6b.json"
+DEFAULT_CONFIG = ROOT / "adaptation" / "intake" / "catalog" / "configs" / "qwen3-0.6b.json"
 GRID = {"precision": ["fp32", "bf16"], "batch_size": [1, 2, 4, 8], "page_size": [16, 32],
         "max_batch_tokens": [128, 512]}
 

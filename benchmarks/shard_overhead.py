@@ -4,7 +4,7 @@ Prints, per layout, the prefill and mean decode-step time of the slowest rank, t
 in collectives, the bytes it passed to them, and the correctness figures. On one CPU host the ranks share cores,
 so the times show communication overhead, not a speed-up. Figures are printed, not asserted.
 
-    python benchmarks/shard_overhead.py [--config adaptation/catalog/configs/qwen3-30b-a3b.json] [--dtype fp32]
+    python benchmarks/shard_overhead.py [--config adaptation/intake/catalog/configs/qwen3-30b-a3b.json] [--dtype fp32]
 """
 
 import argparse
@@ -23,7 +23,7 @@ LAYOUTS = ({}, {"tp": 2}, {"pp": 2}, {"ep": 2})
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path,
-                        default=ROOT / "adaptation" / "catalog" / "configs" / "qwen3-30b-a3b.json")
+                        default=ROOT / "adaptation" / "intake" / "catalog" / "configs" / "qwen3-30b-a3b.json")
     parser.add_argument("--dtype", default="fp32")
     parser.add_argument("--decode-steps", type=int, default=32)
     arguments = parser.parse_args()

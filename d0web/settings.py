@@ -109,6 +109,8 @@ WHITENOISE_USE_FINDERS = True
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
+# Rows per page of the HTML lists (the API pages by REST_FRAMEWORK["PAGE_SIZE"]).
+D0_PAGE_SIZE = 25
 
 # Uploads: a config.json is a few KiB; anything past this limit is refused with a field message.
 D0_MAX_CONFIG_BYTES = env_int("D0_MAX_CONFIG_BYTES", 2 * 1024 * 1024)

@@ -12,7 +12,7 @@ from adaptation.choices import TeamRole
 from adaptation.models import AdaptationJob, Cluster, Device, Membership, ModelSpec, Node, StageRun, Team
 
 # The real release configs d0 ships as its catalog; tests read them from there.
-CONFIGS = Path(__file__).parent.parent / "adaptation" / "catalog" / "configs"
+CONFIGS = Path(__file__).parent.parent / "adaptation" / "intake" / "catalog" / "configs"
 
 
 def load_config(name: str) -> dict:
@@ -126,7 +126,7 @@ class SentTasks:
 
 @pytest.fixture
 def broker(monkeypatch):
-    from adaptation import services
+    from adaptation.jobs import services
 
     recorder = SentTasks()
     monkeypatch.setattr(services, "celery_app", lambda: recorder)

@@ -5,7 +5,7 @@ The per-stage times are printed (and kept in the job log)."""
 import pytest
 from django.test import Client
 
-from adaptation import services
+from adaptation.intake import services as intake
 from adaptation.models import CoverageReport, EnvReport
 from tests.harness import wait_for
 from tests.test_workers import job_status, node_online, stack  # noqa: F401 - the real-worker fixture
@@ -17,7 +17,7 @@ def test_one_adapt_submission_runs_every_stage_and_produces_the_report(stack, te
     cluster = team.clusters.create(name="local", expected_devices_per_node=1)
     stack.start_node("alpha/local", "adapt-node")
     wait_for(node_online("adapt-node"), 60, "node registration")
-    spec = services.add_from_catalog(team=team, user=owner, slug="qwen3-30b-a3b")[0]
+    spec = intake.add_from_catalog(team=team, user=owner, slug="qwen3-30b-a3b")[0]
 
     response = member_api.post(f"/api/models/{spec.pk}/adapt/", {"cluster": cluster.pk}, format="json")
     assert response.status_code == 201, response.json()

@@ -14,7 +14,7 @@ def upload(content: bytes, name="config.json"):
 
 
 def test_an_uploaded_config_json_becomes_a_model(member_api, team):
-    config = open("adaptation/catalog/configs/deepseek-v3.json", "rb").read()
+    config = open("adaptation/intake/catalog/configs/deepseek-v3.json", "rb").read()
     response = member_api.post("/api/models/", {"config_file": upload(config, "deepseek-v3.json")},
                                format="multipart")
     assert response.status_code == 201, response.json()
@@ -24,7 +24,7 @@ def test_an_uploaded_config_json_becomes_a_model(member_api, team):
 
 
 def test_a_config_can_also_be_posted_as_json(member_api, team):
-    config = json.load(open("adaptation/catalog/configs/llama-3.2-1b.json"))
+    config = json.load(open("adaptation/intake/catalog/configs/llama-3.2-1b.json"))
     response = member_api.post("/api/models/", {"name": "tiny", "config": config}, format="json")
     assert response.status_code == 201
     assert response.json()["architecture"] == "LlamaForCausalLM"
@@ -186,7 +186,7 @@ def test_an_unknown_api_url_is_a_json_404(member_api):
 
 
 def test_a_config_with_a_bare_infinity_is_kept_with_infinity_as_text(member_api, team):
-    config = open("adaptation/catalog/configs/nemotron-h-56b-base-8k.json", "rb").read()
+    config = open("adaptation/intake/catalog/configs/nemotron-h-56b-base-8k.json", "rb").read()
     assert b"Infinity" in config
     response = member_api.post("/api/models/", {"config_file": upload(config, "nemotron-h.json")}, format="multipart")
     assert response.status_code == 201, response.json()

@@ -4,8 +4,9 @@ downloaded self-contained HTML file opened offline (file://), with every chart d
 import pytest
 from django.test import Client
 
-from adaptation import services
-from adaptation.coverage import store_op_coverage
+from adaptation.intake import services as intake
+from adaptation.jobs import services as jobs
+from adaptation.coverage.services import store_op_coverage
 from adaptation.models import CoverageReport, StageRun
 from tests.test_browser import page  # noqa: F401 - the Chromium page fixture
 from tests.test_sweep_reports import sweep_result  # noqa: F401 - a real sweep, module-scoped
@@ -24,11 +25,11 @@ def log_in(page, live_server):  # noqa: F811
 
 
 def test_the_coverage_heatmap_and_gap_pages_render(live_server, cluster, owner, member, node, page):  # noqa: F811
-    spec = services.add_from_catalog(team=cluster.team, user=owner, slug="mixtral-8x7b-v0.1")[0]
+    spec = intake.add_from_catalog(team=cluster.team, user=owner, slug="mixtral-8x7b-v0.1")[0]
     result = op_coverage({"config": spec.config, "dtypes": ["fp32"], "compile": False, "decode_steps": 1,
                           "virtual_backends": [{"name": "vendorx", "operators": ["aten::mm", "aten::embedding"]}]},
                          lambda *_: None)
-    job = services.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["op_coverage"])
+    job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["op_coverage"])
     run = StageRun.objects.create(job=job, kind="op_coverage", node=node, node_name=node.hostname, result=result)
     store_op_coverage(run)
     assert CoverageReport.objects.count() == 2
@@ -42,8 +43,8 @@ def test_the_coverage_heatmap_and_gap_pages_render(live_server, cluster, owner, 
 
 def test_a_sweep_report_draws_its_charts_on_the_page_and_offline(live_server, cluster, owner, member, node, page,  # noqa: F811
                                                                  sweep_result, tmp_path):  # noqa: F811
-    spec = services.add_from_catalog(team=cluster.team, user=owner, slug="qwen3-0.6b")[0]
-    job = services.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["sweep"])
+    spec = intake.add_from_catalog(team=cluster.team, user=owner, slug="qwen3-0.6b")[0]
+    job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["sweep"])
     run = StageRun.objects.create(job=job, kind="sweep", node=node, node_name=node.hostname)
     run.start()
     run.finish(result=sweep_result)

@@ -4,7 +4,8 @@ virtual backends, the heatmap / gap / diff pages and API, and an op_coverage job
 import pytest
 from django.test import Client
 
-from adaptation import services
+from adaptation.intake import services as intake
+from adaptation.jobs import services as jobs
 from adaptation.models import CoverageReport, EnvReport, ModelSpec, OperatorRecord, VirtualBackend
 from tests.harness import wait_for
 from tests.test_workers import database_url, job_status, node_online, stack  # noqa: F401 - real-worker fixture
@@ -36,7 +37,7 @@ def dense_result():
 
 def pass_env_check(node, owner):
     """A passing env check on record for ``node``, so the gated op_coverage stage may run there."""
-    job = services.submit_job(team=node.cluster.team, user=owner, cluster=node.cluster, stages=["env_check"])
+    job = jobs.submit_job(team=node.cluster.team, user=owner, cluster=node.cluster, stages=["env_check"])
     run = job.stage_runs.create(kind="env_check", node=node, node_name=node.hostname)
     EnvReport.objects.create(node=node, job=job, stage_run=run, verdict="pass", report={"checks": []})
 
@@ -50,24 +51,24 @@ def checked_node(node, owner):
 def record(job_model, owner, node, stage_result, django_capture_on_commit_callbacks):
     """Run an op_coverage job for ``job_model`` through services, the node reporting ``stage_result``."""
     with django_capture_on_commit_callbacks(execute=True):
-        job = services.submit_job(team=job_model.team, user=owner, cluster=node.cluster, model=job_model,
+        job = jobs.submit_job(team=job_model.team, user=owner, cluster=node.cluster, model=job_model,
                                   stages=["op_coverage"])
-    services.dispatch_job(job.pk)
+    jobs.dispatch_job(job.pk)
     run = job.stage_runs.get()
-    services.record_stage_started(run.pk)
-    services.record_stage_finished(run.pk, True, stage_result, "", "")
+    jobs.record_stage_started(run.pk)
+    jobs.record_stage_finished(run.pk, True, stage_result, "", "")
     job.refresh_from_db()
     return job
 
 
 @pytest.fixture
 def moe_model(team, owner):
-    return services.add_from_catalog(team=team, user=owner, slug="qwen3-30b-a3b")[0]
+    return intake.add_from_catalog(team=team, user=owner, slug="qwen3-30b-a3b")[0]
 
 
 @pytest.fixture
 def dense_model(team, owner):
-    return services.add_from_catalog(team=team, user=owner, slug="qwen3-0.6b")[0]
+    return intake.add_from_catalog(team=team, user=owner, slug="qwen3-0.6b")[0]
 
 
 def test_a_coverage_stage_stores_reports_per_backend_and_grows_the_operator_library(
@@ -144,10 +145,10 @@ def test_a_virtual_backend_is_uploaded_as_a_csv_and_sent_to_the_node(member, clu
     client.post("/coverage/", {"team": cluster.team.pk, "name": "vendorx", "operator_file": csv})
     backend = VirtualBackend.objects.get(name="vendorx")
     assert backend.operators == ["aten::mm", "aten::embedding"]
-    spec = services.add_from_catalog(team=cluster.team, user=owner, slug="qwen3-0.6b")[0]
-    job = services.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["op_coverage"],
+    spec = intake.add_from_catalog(team=cluster.team, user=owner, slug="qwen3-0.6b")[0]
+    job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["op_coverage"],
                               parameters={"op_coverage": {"virtual_backends": [backend.pk]}})
-    params = services.stage_parameters(job, "op_coverage")
+    params = jobs.stage_parameters(job, "op_coverage")
     assert params["virtual_backends"] == [{"name": "vendorx", "operators": ["aten::mm", "aten::embedding"]}]
 
 

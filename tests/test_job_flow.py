@@ -1,4 +1,4 @@
-"""The job state machine through adaptation.services, with the broker recorded (no workers here)."""
+"""The job state machine through adaptation.jobs.services, with the broker recorded (no workers here)."""
 
 from datetime import timedelta
 
@@ -6,19 +6,20 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from adaptation import services
+from adaptation.clusters import services as clusters
+from adaptation.jobs import services as jobs
 from adaptation.models import AdaptationJob, Node, StageRun
 from workers import protocol
 
 
 def submit(cluster, owner, django_capture_on_commit_callbacks, **extra):
     with django_capture_on_commit_callbacks(execute=True):
-        return services.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=["env_probe"], **extra)
+        return jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=["env_probe"], **extra)
 
 
 def test_a_submitted_job_is_enqueued_only_after_commit(cluster, owner, broker, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        job = services.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=["env_probe"])
+        job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=["env_probe"])
     assert broker.sent == []
     for callback in callbacks:
         callback()
@@ -33,7 +34,7 @@ def test_dispatch_fans_the_stage_out_to_each_online_node_queue(cluster, owner, n
     Node.objects.create(cluster=cluster, hostname="gpu-03", queue_name="q3", status="draining")
     job = submit(cluster, owner, django_capture_on_commit_callbacks)
     with django_capture_on_commit_callbacks(execute=True):
-        services.dispatch_job(job.pk)
+        jobs.dispatch_job(job.pk)
     job.refresh_from_db()
     assert job.status == "running"
     runs = list(job.stage_runs.order_by("node_name"))
@@ -46,13 +47,13 @@ def test_dispatch_fans_the_stage_out_to_each_online_node_queue(cluster, owner, n
 def test_a_job_succeeds_when_every_stage_run_reports_success(cluster, owner, node, broker,
                                                             django_capture_on_commit_callbacks):
     job = submit(cluster, owner, django_capture_on_commit_callbacks)
-    services.dispatch_job(job.pk)
+    jobs.dispatch_job(job.pk)
     run = job.stage_runs.get()
-    services.record_stage_started(run.pk)
-    services.record_stage_progress(run.pk, 0.5, "halfway")
+    jobs.record_stage_started(run.pk)
+    jobs.record_stage_progress(run.pk, 0.5, "halfway")
     job.refresh_from_db()
     assert job.progress == pytest.approx(0.5)
-    services.record_stage_finished(run.pk, True, {"devices": [{"kind": "cpu"}]}, "", "")
+    jobs.record_stage_finished(run.pk, True, {"devices": [{"kind": "cpu"}]}, "", "")
     job.refresh_from_db()
     run.refresh_from_db()
     assert (job.status, job.progress) == ("succeeded", 1.0)
@@ -63,9 +64,9 @@ def test_a_job_succeeds_when_every_stage_run_reports_success(cluster, owner, nod
 def test_a_failed_stage_fails_the_job_with_the_nodes_error(cluster, owner, node, broker,
                                                            django_capture_on_commit_callbacks):
     job = submit(cluster, owner, django_capture_on_commit_callbacks)
-    services.dispatch_job(job.pk)
+    jobs.dispatch_job(job.pk)
     run = job.stage_runs.get()
-    services.record_stage_finished(run.pk, False, None, "RuntimeError: CUDA error", "Traceback ...")
+    jobs.record_stage_finished(run.pk, False, None, "RuntimeError: CUDA error", "Traceback ...")
     job.refresh_from_db()
     assert job.status == "failed"
     assert job.error == "Stage env_probe failed on gpu-01: RuntimeError: CUDA error"
@@ -75,7 +76,7 @@ def test_a_failed_stage_fails_the_job_with_the_nodes_error(cluster, owner, node,
 def test_a_job_fails_at_once_when_the_cluster_has_no_online_node(cluster, owner, broker,
                                                                 django_capture_on_commit_callbacks):
     job = submit(cluster, owner, django_capture_on_commit_callbacks)
-    services.dispatch_job(job.pk)
+    jobs.dispatch_job(job.pk)
     job.refresh_from_db()
     assert job.status == "failed"
     assert "No online node in cluster 'h100-pod'" in job.error
@@ -84,14 +85,14 @@ def test_a_job_fails_at_once_when_the_cluster_has_no_online_node(cluster, owner,
 def test_cancel_revokes_node_work_and_a_late_report_does_not_undo_it(cluster, owner, node, broker,
                                                                     django_capture_on_commit_callbacks):
     job = submit(cluster, owner, django_capture_on_commit_callbacks)
-    services.dispatch_job(job.pk)
+    jobs.dispatch_job(job.pk)
     run = job.stage_runs.get()
-    services.record_stage_started(run.pk)
+    jobs.record_stage_started(run.pk)
     with django_capture_on_commit_callbacks(execute=True):
-        services.cancel_job(job, owner)
+        jobs.cancel_job(job, owner)
     assert ([run.celery_task_id], True) in broker.revoked
-    services.record_stage_progress(run.pk, 0.9, "late")
-    services.record_stage_finished(run.pk, True, {"late": True}, "", "")
+    jobs.record_stage_progress(run.pk, 0.9, "late")
+    jobs.record_stage_finished(run.pk, True, {"late": True}, "", "")
     job.refresh_from_db()
     run.refresh_from_db()
     assert (job.status, run.status, run.result) == ("cancelled", "cancelled", None)
@@ -100,27 +101,27 @@ def test_cancel_revokes_node_work_and_a_late_report_does_not_undo_it(cluster, ow
 def test_cancel_of_a_finished_job_is_a_conflict(job, owner, broker):
     job.start()
     job.finish()
-    with pytest.raises(services.Conflict, match="already succeeded"):
-        services.cancel_job(job, owner)
+    with pytest.raises(jobs.Conflict, match="already succeeded"):
+        jobs.cancel_job(job, owner)
 
 
 def test_retry_makes_a_new_job_with_the_same_inputs(job, owner, broker, django_capture_on_commit_callbacks):
     job.start()
     job.fail("boom")
     with django_capture_on_commit_callbacks(execute=True):
-        again = services.retry_job(job, owner)
+        again = jobs.retry_job(job, owner)
     assert (again.retry_of, again.stages, again.model, again.status) == (job, job.stages, job.model, "queued")
-    with pytest.raises(services.Conflict):
-        services.retry_job(again, owner)
+    with pytest.raises(jobs.Conflict):
+        jobs.retry_job(again, owner)
 
 
 def test_the_sweep_marks_a_silent_node_offline_and_fails_its_job(cluster, owner, node, broker, settings,
                                                                  django_capture_on_commit_callbacks):
     settings.D0_NODE_TIMEOUT = 30
     job = submit(cluster, owner, django_capture_on_commit_callbacks)
-    services.dispatch_job(job.pk)
+    jobs.dispatch_job(job.pk)
     Node.objects.filter(pk=node.pk).update(last_heartbeat=timezone.now() - timedelta(seconds=31))
-    assert services.sweep_nodes() == ["gpu-01"]
+    assert jobs.sweep_nodes() == ["gpu-01"]
     node.refresh_from_db()
     job.refresh_from_db()
     assert node.status == "offline"
@@ -131,40 +132,40 @@ def test_the_sweep_marks_a_silent_node_offline_and_fails_its_job(cluster, owner,
 
 def test_the_sweep_leaves_a_node_with_a_recent_heartbeat_alone(node, settings):
     settings.D0_NODE_TIMEOUT = 30
-    assert services.sweep_nodes() == []
+    assert jobs.sweep_nodes() == []
     assert Node.objects.get(pk=node.pk).status == "online"
 
 
 def test_a_heartbeat_brings_an_offline_node_back(node):
     Node.objects.filter(pk=node.pk).update(status="offline")
-    assert services.record_heartbeat(node.queue_name)
+    assert clusters.record_heartbeat(node.queue_name)
     assert Node.objects.get(pk=node.pk).status == "online"
-    assert not services.record_heartbeat("no.such.queue")
+    assert not clusters.record_heartbeat("no.such.queue")
 
 
 def test_registration_creates_the_node_and_keeps_its_device_list_current(cluster):
     devices = [{"index": 0, "kind": "cpu", "name": "EPYC", "memory_bytes": 10},
                {"index": 0, "kind": "cuda", "name": "H100", "memory_bytes": 80 * 2**30}]
-    node = services.register_node("alpha/h100-pod", "gpu-09", "q9", {"cpu_model": "EPYC"}, devices)
+    node = clusters.register_node("alpha/h100-pod", "gpu-09", "q9", {"cpu_model": "EPYC"}, devices)
     assert sorted(node.devices.values_list("kind", flat=True)) == ["cpu", "cuda"]
-    services.register_node("alpha/h100-pod", "gpu-09", "q9", {}, devices[:1])
+    clusters.register_node("alpha/h100-pod", "gpu-09", "q9", {}, devices[:1])
     assert list(node.devices.values_list("kind", flat=True)) == ["cpu"]
     assert Node.objects.get(hostname="gpu-09").status == "online"
 
 
 def test_registration_keeps_a_draining_node_draining(node):
     Node.objects.filter(pk=node.pk).update(status="draining")
-    services.register_node("alpha/h100-pod", "gpu-01", node.queue_name, {}, [])
+    clusters.register_node("alpha/h100-pod", "gpu-01", node.queue_name, {}, [])
     assert Node.objects.get(pk=node.pk).status == "draining"
 
 
 def test_a_bare_cluster_name_must_be_unambiguous(cluster, other_team):
-    assert services.resolve_cluster("h100-pod") == cluster
+    assert clusters.resolve_cluster("h100-pod") == cluster
     other_team.clusters.create(name="h100-pod")
     with pytest.raises(ValidationError, match="matches several clusters"):
-        services.resolve_cluster("h100-pod")
+        clusters.resolve_cluster("h100-pod")
     with pytest.raises(ValidationError, match="matches no cluster"):
-        services.resolve_cluster("alpha/missing")
+        clusters.resolve_cluster("alpha/missing")
 
 
 def test_status_changes_are_conditional(job):
@@ -178,10 +179,10 @@ def test_status_changes_are_conditional(job):
 
 def test_a_job_rejects_unknown_or_repeated_stages(cluster, owner):
     with pytest.raises(ValidationError) as error:
-        services.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=["env_probe", "env_probe"])
+        jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=["env_probe", "env_probe"])
     assert "Each stage can appear only once." in error.value.message_dict["stages"]
     with pytest.raises(ValidationError, match="Unknown stage"):
-        services.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=["teleport"])
+        jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=["teleport"])
 
 
 def test_a_stage_run_status_change_leaves_other_rows_alone(job):
@@ -193,10 +194,10 @@ def test_a_stage_run_status_change_leaves_other_rows_alone(job):
 def test_a_result_that_cannot_be_stored_fails_the_job_instead_of_leaving_it_running(
         cluster, owner, node, broker, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=True):
-        job = services.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=["env_check"])
-    services.dispatch_job(job.pk)
+        job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=["env_check"])
+    jobs.dispatch_job(job.pk)
     run = job.stage_runs.get()
-    services.record_stage_finished(run.pk, True, {"verdict": "pass", "measurements": {"per_device": [
+    jobs.record_stage_finished(run.pk, True, {"verdict": "pass", "measurements": {"per_device": [
         {"device": "not-a-label"}]}}, "", "")
     job.refresh_from_db()
     assert job.status == "failed"
@@ -209,7 +210,7 @@ def test_a_stage_run_whose_report_was_lost_is_failed_by_the_sweep(job, settings)
     run = job.stage_runs.get()
     run.start()
     StageRun.objects.filter(pk=run.pk).update(started=timezone.now() - timedelta(seconds=61))
-    assert services.sweep_stuck_stage_runs() == 1
+    assert jobs.sweep_stuck_stage_runs() == 1
     job.refresh_from_db()
     assert job.status == "failed"
     assert job.error == "Stage env_probe on gpu-01 sent no result within 60s; its report was lost."

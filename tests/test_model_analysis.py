@@ -1,7 +1,7 @@
 """Model intake's engine: analysing released config.json files offline, without Django.
 
-External truth is the vendors' published parameter counts in adaptation/catalog/configs/MANIFEST.md; internal truth
-is transformers' own model built on the meta device.
+External truth is the vendors' published parameter counts in adaptation/intake/catalog/configs/MANIFEST.md;
+internal truth is transformers' own model built on the meta device.
 """
 
 import functools
@@ -15,7 +15,7 @@ import pytest
 
 from workers.engine.analysis import ConfigError, analyze, kv_tokens_that_fit, load_config_file
 
-CONFIGS = Path(__file__).parent.parent / "adaptation" / "catalog" / "configs"
+CONFIGS = Path(__file__).parent.parent / "adaptation" / "intake" / "catalog" / "configs"
 H200 = {"devices_per_node": 8, "device_memory_bytes": 141 * 10**9, "device_name": "NVIDIA H200"}
 
 

@@ -6,7 +6,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
-from adaptation import services
+from adaptation.intake import services as intake
 from adaptation.models import ModelPlan, ModelSpec
 
 
@@ -16,12 +16,12 @@ def upload(config: dict, name="config.json"):
 
 @pytest.fixture
 def deepseek(team, owner):
-    spec, _ = services.add_from_catalog(team=team, user=owner, slug="deepseek-v3")
+    spec, _ = intake.add_from_catalog(team=team, user=owner, slug="deepseek-v3")
     return spec
 
 
 def test_an_uploaded_config_is_analysed_and_its_counts_kept(member_api, team):
-    config = json.load(open("adaptation/catalog/configs/qwen3-0.6b.json"))
+    config = json.load(open("adaptation/intake/catalog/configs/qwen3-0.6b.json"))
     response = member_api.post("/api/models/", {"config_file": upload(config, "qwen3-0.6b.json")}, format="multipart")
     assert response.status_code == 201
     detail = member_api.get(f"/api/models/{response.json()['id']}/").json()

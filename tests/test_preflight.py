@@ -6,7 +6,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from adaptation import services
+from adaptation.clusters import services as clusters
+from adaptation.jobs import services as jobs
 from adaptation.models import EnvReport, Link
 from workers import protocol
 from workers.engine import stages
@@ -28,13 +29,13 @@ def gated_probe(monkeypatch):
 def run_job(cluster, owner, stage, capture, result=None):
     """Submit and dispatch a one-stage job; if ``result`` is given, report it from the node."""
     with capture(execute=True):
-        job = services.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=[stage])
+        job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=[stage])
     with capture(execute=True):
-        services.dispatch_job(job.pk)
+        jobs.dispatch_job(job.pk)
     if result is not None:
         for run in job.stage_runs.all():
-            services.record_stage_started(run.pk)
-            services.record_stage_finished(run.pk, True, result, "", "")
+            jobs.record_stage_started(run.pk)
+            jobs.record_stage_finished(run.pk, True, result, "", "")
     job.refresh_from_db()
     return job
 
@@ -90,7 +91,7 @@ def test_the_gate_refuses_a_node_never_checked_or_checked_too_long_ago(cluster, 
 
 def test_the_gate_lets_a_recently_passed_node_through_and_skips_a_refused_one(
         cluster, owner, node, broker, gated_probe, report_expecting_eight, django_capture_on_commit_callbacks):
-    other = services.register_node("alpha/h100-pod", "gpu-02", "q2", {}, [])
+    other = clusters.register_node("alpha/h100-pod", "gpu-02", "q2", {}, [])
     run_job(cluster, owner, "env_check", django_capture_on_commit_callbacks, {**report_expecting_eight,
                                                                              "verdict": "warn"})
     EnvReport.objects.filter(node=other).update(verdict="fail")

@@ -20,7 +20,7 @@ from tests.test_query_counts import queries_for
 from tests.test_workers import job_status, node_online, stack  # noqa: F401 - the same real-worker fixture
 from workers.engine.sharding import run_sharded
 
-CATALOG = Path(__file__).resolve().parents[1] / "adaptation" / "catalog" / "configs"
+CATALOG = Path(__file__).resolve().parents[1] / "adaptation" / "intake" / "catalog" / "configs"
 # A run of two CPU ranks takes seconds; this leaves room for a machine whose cores other tests share.
 RUN_DEADLINE = 120
 

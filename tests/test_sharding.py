@@ -14,7 +14,7 @@ import pytest
 from workers.engine.sharding import ShardedRunError, run_sharded, shard_stage, small_config
 from workers.engine.sharding.layout import Layout
 
-CONFIGS = Path(__file__).parent.parent / "adaptation" / "catalog" / "configs"
+CONFIGS = Path(__file__).parent.parent / "adaptation" / "intake" / "catalog" / "configs"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -21,7 +21,7 @@ from workers.engine.sweep.search import configurations, grid_search, successive_
 from workers.engine.sweep.workload import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
-QWEN3_PATH = Path(__file__).parent.parent / "adaptation" / "catalog" / "configs" / "qwen3-0.6b.json"
+QWEN3_PATH = Path(__file__).parent.parent / "adaptation" / "intake" / "catalog" / "configs" / "qwen3-0.6b.json"
 QWEN3 = json.loads(QWEN3_PATH.read_text())
 TRIAL_KEYS = {"id", "rung", "params", "workload", "status", "reason", "metrics", "roofline", "details"}
 METRIC_KEYS = {"completed", "failed", "duration_s", "total_input_tokens", "total_output_tokens",

@@ -8,8 +8,8 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from adaptation import services
-from adaptation.catalog import BY_SLUG
+from adaptation.intake import services as intake
+from adaptation.intake.catalog import BY_SLUG
 from adaptation.models import ModelSpec
 
 pytestmark = pytest.mark.django_db
@@ -71,7 +71,7 @@ def test_json_prints_the_full_result_as_parseable_json_with_the_bar_on_a_termina
 
 
 def test_a_model_in_the_database_can_be_named_by_its_id(team, owner):
-    spec, _ = services.add_from_catalog(team=team, user=owner, slug="qwen3-0.6b")
+    spec, _ = intake.add_from_catalog(team=team, user=owner, slug="qwen3-0.6b")
     out, _ = sweep(str(spec.pk), *TINY, "--batch-sizes", "1")
     assert f"Sweeping model {spec.pk} 'Qwen3-0.6B' (team alpha)" in out and "Best: trial 0" in out
 

@@ -8,7 +8,8 @@ import json
 import pytest
 from django.test import Client
 
-from adaptation import services
+from adaptation.intake import services as intake
+from adaptation.jobs import services as jobs
 from adaptation.models import StageRun
 from workers.engine.sweep import run_sweep
 
@@ -24,8 +25,8 @@ def sweep_result():
 
 @pytest.fixture
 def sweep_run(cluster, owner, node, sweep_result):
-    spec = services.add_from_catalog(team=cluster.team, user=owner, slug="qwen3-0.6b")[0]
-    job = services.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["sweep"])
+    spec = intake.add_from_catalog(team=cluster.team, user=owner, slug="qwen3-0.6b")[0]
+    job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["sweep"])
     run = StageRun.objects.create(job=job, kind="sweep", node=node, node_name=node.hostname, result=sweep_result)
     run.start()
     run.finish(result=sweep_result)
@@ -84,9 +85,9 @@ def test_sweep_reports_are_private_to_the_team(outsider, sweep_run):
 
 def test_a_sweep_on_a_node_gets_the_figures_its_env_check_measured(cluster, owner, node):
     node.devices.update(measured={"copy_bandwidth_bytes_per_s": 4e10, "matmul_flops_per_s": {"fp32": 1.6e11}})
-    spec = services.add_from_catalog(team=cluster.team, user=owner, slug="qwen3-0.6b")[0]
-    job = services.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["sweep"])
-    [(chosen, params)] = services.stage_assignments(job, "sweep", [node])
+    spec = intake.add_from_catalog(team=cluster.team, user=owner, slug="qwen3-0.6b")[0]
+    job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["sweep"])
+    [(chosen, params)] = jobs.stage_assignments(job, "sweep", [node])
     assert params["hardware"] == {"memory_bandwidth_bytes_per_s": 4e10, "flops_per_s": {"fp32": 1.6e11}}
 
 

@@ -1,29 +1,37 @@
+"""The one router: each capability's viewsets, plus the catalog, the coverage diff, tokens, the schema, its docs
+and health."""
+
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.authtoken.views import obtain_auth_token
 from rest_framework.routers import DefaultRouter
 
-from . import views
+from ..clusters import api as clusters
+from ..coverage import api as coverage
+from ..intake import api as intake
+from ..jobs import api as jobs
+from ..sweeps import api as sweeps
+from .health import StatusView
 
 router = DefaultRouter()
-router.register("clusters", views.ClusterViewSet)
-router.register("nodes", views.NodeViewSet)
-router.register("devices", views.DeviceViewSet)
-router.register("links", views.LinkViewSet)
-router.register("models", views.ModelSpecViewSet)
-router.register("jobs", views.JobViewSet)
-router.register("stage-runs", views.StageRunViewSet)
-router.register("env-reports", views.EnvReportViewSet)
-router.register("model-plans", views.ModelPlanViewSet)
-router.register("coverage-reports", views.CoverageReportViewSet)
-router.register("operators", views.OperatorRecordViewSet)
-router.register("virtual-backends", views.VirtualBackendViewSet)
-router.register("sweep-reports", views.SweepReportViewSet, basename="sweep-report")
+router.register("clusters", clusters.ClusterViewSet)
+router.register("nodes", clusters.NodeViewSet)
+router.register("devices", clusters.DeviceViewSet)
+router.register("links", clusters.LinkViewSet)
+router.register("models", intake.ModelSpecViewSet)
+router.register("jobs", jobs.JobViewSet)
+router.register("stage-runs", jobs.StageRunViewSet)
+router.register("env-reports", clusters.EnvReportViewSet)
+router.register("model-plans", intake.ModelPlanViewSet)
+router.register("coverage-reports", coverage.CoverageReportViewSet)
+router.register("operators", coverage.OperatorRecordViewSet)
+router.register("virtual-backends", coverage.VirtualBackendViewSet)
+router.register("sweep-reports", sweeps.SweepReportViewSet, basename="sweep-report")
 
 urlpatterns = [
-    path("status/", views.StatusView.as_view(), name="api-status"),
-    path("catalog/", views.CatalogView.as_view(), name="api-catalog"),
-    path("coverage-diff/", views.CoverageDiffView.as_view(), name="api-coverage-diff"),
+    path("status/", StatusView.as_view(), name="api-status"),
+    path("catalog/", intake.CatalogView.as_view(), name="api-catalog"),
+    path("coverage-diff/", coverage.CoverageDiffView.as_view(), name="api-coverage-diff"),
     path("token/", obtain_auth_token, name="api-token"),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),

@@ -1,5 +1,5 @@
 // Sharded run page: compute vs communication bars per rank, and for an MoE model the expert-load heatmap.
-// All data comes from the json_script block the server rendered (adaptation/sharded_runs.py).
+// All data comes from the json_script block the server rendered (adaptation/sharding/pages.py).
 (function () {
   "use strict";
   var data = JSON.parse(document.getElementById("sharded-run-data").textContent);

@@ -1,5 +1,5 @@
 // Sharded runs of one model: the slowest rank's decode time per step for each run, oldest to newest.
-// Data comes from the json_script block the server rendered (adaptation/sharded_runs.py).
+// Data comes from the json_script block the server rendered (adaptation/sharding/pages.py).
 (function () {
   "use strict";
   var runs = JSON.parse(document.getElementById("sharded-compare-data").textContent);

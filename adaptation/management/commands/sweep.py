@@ -21,7 +21,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
-from adaptation import catalog
+from adaptation.intake import catalog
 from adaptation.models import ModelSpec
 
 # _Log.run in workers/engine/sweep/search.py announces each trial as it starts with this message.

@@ -1,0 +1,67 @@
+"""What every capability's API is built from: team-scoped viewsets and foreign keys (another team's row is a 404,
+never a 403), a team field that defaults to the user's only team, and serializers that run the model's own
+``full_clean()`` so the admin, the forms and the API apply the same rules (NetBox's ``ValidatedModelSerializer``)."""
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from rest_framework import serializers, viewsets
+
+from ..models import Team
+from ..teams.services import default_team
+from .errors import as_drf_validation_error
+
+
+class TeamScopedViewSet(viewsets.GenericViewSet):
+    """Rows of the requesting user's teams only: another team's row is a 404, never a 403."""
+
+    select_related: tuple = ()
+    prefetch_related: tuple = ()
+
+    def get_queryset(self):
+        queryset = self.queryset.for_user(self.request.user)
+        return queryset.select_related(*self.select_related).prefetch_related(*self.prefetch_related)
+
+
+class TeamScopedRelatedField(serializers.PrimaryKeyRelatedField):
+    """A foreign key that only accepts rows of the requesting user's teams: others read as 'does not exist'."""
+
+    def get_queryset(self):
+        return self.queryset.model.objects.for_user(self.context["request"].user)
+
+
+class TeamField(serializers.SlugRelatedField):
+    def __init__(self, **kwargs):
+        super().__init__(slug_field="slug", queryset=Team.objects.all(), required=False, **kwargs)
+
+    def get_queryset(self):
+        return Team.objects.for_user(self.context["request"].user)
+
+
+class ValidatedModelSerializer(serializers.ModelSerializer):
+    """Runs the model's own ``full_clean()`` so the admin, the forms and the API apply the same rules (NetBox).
+
+    Subclasses set ``validators = []`` in Meta: DRF's own unique-together validator would make ``team``
+    required, while here it defaults to the user's only team; full_clean checks the constraint instead.
+    """
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        if "team" in self.fields and not attrs.get("team") and self.instance is None:
+            attrs["team"] = self._default_team()
+        instance = self.instance or self.Meta.model()
+        for name, value in attrs.items():
+            setattr(instance, name, value)
+        try:
+            instance.full_clean()
+        except DjangoValidationError as error:
+            raise as_drf_validation_error(error) from None
+        # What clean() derives (a model's analysis) is kept, so save() does not derive it a second time.
+        for field in self.Meta.model._meta.concrete_fields:
+            if not field.editable and not field.primary_key and not field.auto_created:
+                attrs.setdefault(field.name, getattr(instance, field.name))
+        return attrs
+
+    def _default_team(self):
+        team = default_team(self.context["request"].user)
+        if team is None:
+            raise serializers.ValidationError({"team": ["You belong to several teams (or none): say which one."]})
+        return team

@@ -1,0 +1,154 @@
+"""Clusters (team admins write), nodes, devices, links and env-check reports: ``/api/clusters/`` (with
+``topology``), ``/api/nodes/``, ``/api/devices/``, ``/api/links/``, ``/api/env-reports/``."""
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers
+from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.response import Response
+
+from .. import filtersets
+from ..api.base import TeamField, TeamScopedViewSet, ValidatedModelSerializer
+from ..models import Cluster, Device, EnvReport, Link, Node
+from ..teams.services import is_team_admin
+from . import services
+
+
+class ClusterSerializer(ValidatedModelSerializer):
+    team = TeamField()
+    join_name = serializers.CharField(read_only=True)
+    nodes_online = serializers.IntegerField(read_only=True)
+    node_count = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Cluster
+        fields = ["id", "team", "name", "description", "expected_devices_per_node", "interconnect", "join_name",
+                  "node_count", "nodes_online", "created"]
+        validators = []
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+
+    class Meta:
+        model = Node
+        fields = ["id", "cluster", "cluster_name", "hostname", "queue_name", "status", "last_heartbeat",
+                  "registered", "host_facts"]
+        read_only_fields = fields
+
+
+class DeviceSerializer(serializers.ModelSerializer):
+    hostname = serializers.CharField(source="node.hostname", read_only=True)
+
+    class Meta:
+        model = Device
+        fields = ["id", "node", "hostname", "index", "kind", "name", "memory_bytes", "properties", "measured"]
+        read_only_fields = fields
+
+
+class LinkSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Link
+        fields = ["id", "cluster", "kind", "code", "source_device", "target_device", "source_node", "target_node",
+                  "measured_bandwidth_gbps", "p2p_ok", "updated"]
+        read_only_fields = fields
+
+
+class EnvReportSerializer(serializers.ModelSerializer):
+    hostname = serializers.CharField(source="node.hostname", read_only=True)
+    cluster = serializers.IntegerField(source="node.cluster_id", read_only=True)
+
+    class Meta:
+        model = EnvReport
+        fields = ["id", "node", "hostname", "cluster", "job", "stage_run", "created", "verdict", "report"]
+        read_only_fields = fields
+
+
+class EnvReportListSerializer(EnvReportSerializer):
+    """The list gives each report's checks; the full report (measurements, topology) is on the detail."""
+
+    checks = serializers.JSONField(source="report.checks", read_only=True)
+
+    class Meta(EnvReportSerializer.Meta):
+        fields = ["id", "node", "hostname", "cluster", "job", "stage_run", "created", "verdict", "checks"]
+        read_only_fields = fields
+
+
+class ClusterViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                     mixins.UpdateModelMixin, mixins.DestroyModelMixin, TeamScopedViewSet):
+    """Clusters of your teams. Team admins create, change and delete them; members read."""
+
+    queryset = Cluster.objects.all()
+    serializer_class = ClusterSerializer
+    filterset_class = filtersets.ClusterFilterSet
+    ordering_fields = ["name", "created"]
+    ordering = ["name"]
+    select_related = ("team",)
+
+    def get_queryset(self):
+        return services.with_node_counts(super().get_queryset())
+
+    def _require_admin(self, team):
+        if not is_team_admin(self.request.user, team):
+            raise PermissionDenied(f"Only an admin of team {team} can change its clusters.")
+
+    def perform_create(self, serializer):
+        self._require_admin(serializer.validated_data["team"])
+        serializer.save()
+
+    def perform_update(self, serializer):
+        self._require_admin(serializer.instance.team)
+        if serializer.validated_data.get("team", serializer.instance.team) != serializer.instance.team:
+            self._require_admin(serializer.validated_data["team"])
+        serializer.save()
+
+    def perform_destroy(self, instance):
+        self._require_admin(instance.team)
+        instance.delete()
+
+    @extend_schema(responses={200: dict})
+    @action(detail=True, methods=["get"])
+    def topology(self, request, pk=None):
+        """Nodes, devices (measured and published figures), links and each node's latest env-check verdict."""
+        return Response(services.cluster_topology(self.get_object()))
+
+
+class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
+    """Nodes register themselves by running a node worker; they are read-only here."""
+
+    queryset = Node.objects.all()
+    serializer_class = NodeSerializer
+    filterset_class = filtersets.NodeFilterSet
+    ordering_fields = ["hostname", "last_heartbeat", "status"]
+    ordering = ["hostname"]
+    select_related = ("cluster",)
+
+
+class DeviceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
+    queryset = Device.objects.all()
+    serializer_class = DeviceSerializer
+    filterset_class = filtersets.DeviceFilterSet
+    ordering_fields = ["index", "memory_bytes", "kind"]
+    ordering = ["id"]
+    select_related = ("node",)
+
+
+class LinkViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
+    queryset = Link.objects.all()
+    serializer_class = LinkSerializer
+    filterset_class = filtersets.LinkFilterSet
+    ordering_fields = ["kind", "measured_bandwidth_gbps"]
+    ordering = ["id"]
+
+
+class EnvReportViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
+    """Environment checks of nodes, newest first; the history is kept."""
+
+    queryset = EnvReport.objects.all()
+    filterset_class = filtersets.EnvReportFilterSet
+    ordering_fields = ["created", "verdict"]
+    ordering = ["-created"]
+    select_related = ("node",)
+
+    def get_serializer_class(self):
+        return EnvReportListSerializer if self.action == "list" else EnvReportSerializer

@@ -1,0 +1,98 @@
+"""Model pages: the list, adding a model (upload or catalog), and a model's page with its analysis, plans on the
+team's clusters and on a what-if cluster, kept predictions, and the button that runs the whole adaptation."""
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
+from django.http import Http404
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from ..jobs import services as jobs
+from ..models import Cluster, ModelSpec
+from ..teams.services import teams_of
+from . import catalog, services
+from .forms import ModelSpecForm, PlanForm
+
+
+@login_required
+def model_list(request):
+    models = ModelSpec.objects.for_user(request.user).select_related("team", "created_by").defer("config", "analysis")
+    page = Paginator(models, settings.D0_PAGE_SIZE).get_page(request.GET.get("page"))
+    return render(request, "adaptation/intake/model_list.html", {"page": page})
+
+
+@login_required
+@require_POST
+def model_adapt(request, pk):
+    spec = get_object_or_404(ModelSpec.objects.for_user(request.user), pk=pk)
+    cluster = get_object_or_404(Cluster.objects.for_user(request.user).filter(team=spec.team),
+                                pk=request.POST.get("cluster") or 0)
+    job = jobs.submit_adaptation(model=spec, cluster=cluster, user=request.user)
+    return redirect("job-detail", pk=job.pk)
+
+
+@login_required
+def model_catalog(request):
+    return render(request, "adaptation/intake/catalog.html", {"catalog": catalog.CATALOG,
+                                                               "teams": teams_of(request.user)})
+
+
+@login_required
+@require_POST
+def model_catalog_add(request, slug):
+    if slug not in catalog.BY_SLUG:
+        raise Http404("No such catalog entry.")
+    team = get_object_or_404(teams_of(request.user), slug=request.POST.get("team", ""))
+    spec, created = services.add_from_catalog(team=team, user=request.user, slug=slug)
+    if not created:
+        messages.info(request, f"{team} already has {spec.name}.")
+    return redirect("model-detail", pk=spec.pk)
+
+
+@login_required
+def model_detail(request, pk):
+    spec = get_object_or_404(ModelSpec.objects.for_user(request.user).select_related("team", "created_by"), pk=pk)
+    if spec.analysis is None:  # a row from before analyses were stored
+        spec.full_clean()
+        spec.save(update_fields=["analysis"])
+    form = PlanForm(request.POST or request.GET or None)
+    what_if = None
+    if form.is_bound and form.is_valid():
+        try:
+            if request.method == "POST":
+                kept = services.record(spec, form.devices(), form.cleaned_data["precision"], form.workload(),
+                                       request.user)
+                messages.success(request, f"Prediction kept (plan #{kept.pk}) for comparison with measured runs.")
+                return redirect(f"{request.path}?{request.POST.urlencode()}")
+            what_if = services.plan(spec, form.devices(), form.cleaned_data["precision"], form.workload())
+        except ValidationError as error:
+            form.add_error(None, error)
+    clusters = Cluster.objects.filter(team=spec.team).prefetch_related("nodes__devices")
+    cluster_plans = []
+    for cluster in clusters:
+        devices = services.cluster_devices(cluster)
+        if devices:
+            try:
+                cluster_plans.append((cluster, services.plan(spec, devices, "bf16")))
+            except ValidationError as error:
+                cluster_plans.append((cluster, {"fits": False, "reason": "; ".join(error.messages)}))
+    return render(request, "adaptation/intake/model_detail.html", {
+        "spec": spec, "analysis": spec.analysis, "jobs": jobs.job_rows(request.user).filter(model=spec)[:10],
+        "form": form, "what_if": what_if, "cluster_plans": cluster_plans,
+        "kept_plans": spec.plans.select_related("created_by")[:10], "clusters": clusters,
+    })
+
+
+@login_required
+def model_create(request):
+    form = ModelSpecForm(request.POST or None, request.FILES or None, user=request.user)
+    if request.method == "POST" and form.is_valid():
+        spec = form.save(commit=False)
+        spec.created_by = request.user
+        spec.save()
+        messages.success(request, f"Model {spec.name} added ({spec.architecture or 'architecture not declared'}).")
+        return redirect("model-detail", pk=spec.pk)
+    return render(request, "adaptation/form.html", {"form": form, "title": "Add a model", "multipart": True})

@@ -1,0 +1,120 @@
+"""Jobs and their stage runs: ``/api/jobs/`` (submit; ``cancel`` and ``retry`` actions) and ``/api/stage-runs/``."""
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, status
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from .. import filtersets
+from ..api.base import TeamScopedRelatedField, TeamScopedViewSet
+from ..api.errors import as_drf_validation_error
+from ..choices import StageKind
+from ..models import AdaptationJob, Cluster, ModelSpec, StageRun
+from . import services
+
+
+class StageRunSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = StageRun
+        fields = ["id", "job", "kind", "node", "node_name", "status", "progress", "message", "created", "started",
+                  "finished", "error", "error_traceback", "result"]
+        read_only_fields = fields
+
+
+class StageRunListSerializer(StageRunSerializer):
+    """The list leaves out results and tracebacks; fetch one stage run for them."""
+
+    class Meta(StageRunSerializer.Meta):
+        fields = [name for name in StageRunSerializer.Meta.fields if name not in ("result", "error_traceback")]
+
+
+class JobSerializer(serializers.ModelSerializer):
+    cluster = TeamScopedRelatedField(queryset=Cluster.objects.all())
+    model = TeamScopedRelatedField(queryset=ModelSpec.objects.all(), required=False, allow_null=True)
+    stages = serializers.ListField(child=serializers.ChoiceField(choices=StageKind.choices), allow_empty=False)
+    parameters = serializers.JSONField(required=False, default=dict)
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    submitted_by = serializers.StringRelatedField(read_only=True)
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+    model_name = serializers.CharField(source="model.name", read_only=True, default=None)
+
+    class Meta:
+        model = AdaptationJob
+        fields = ["id", "team", "cluster", "cluster_name", "model", "model_name", "stages", "parameters", "status",
+                  "progress", "created", "started", "finished", "error", "submitted_by", "retry_of"]
+        read_only_fields = ["status", "progress", "created", "started", "finished", "error", "retry_of"]
+
+    def validate_parameters(self, value):
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("Parameters must be a JSON object.")
+        return value
+
+    def create(self, validated_data):
+        try:
+            return services.submit_job(
+                team=validated_data["cluster"].team,
+                user=self.context["request"].user,
+                cluster=validated_data["cluster"],
+                model=validated_data.get("model"),
+                stages=validated_data["stages"],
+                parameters=validated_data.get("parameters") or {},
+            )
+        except DjangoValidationError as error:
+            raise as_drf_validation_error(error) from None
+
+
+class JobDetailSerializer(JobSerializer):
+    stage_runs = StageRunSerializer(many=True, read_only=True)
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "error_traceback", "log", "stage_runs"]
+        read_only_fields = [*JobSerializer.Meta.read_only_fields, "error_traceback", "log"]
+
+
+class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
+    """Adaptation jobs. Submitting saves the job and enqueues it; ``cancel`` and ``retry`` are POST actions."""
+
+    queryset = AdaptationJob.objects.all()
+    filterset_class = filtersets.JobFilterSet
+    ordering_fields = ["created", "status", "finished"]
+    ordering = ["-created"]
+    select_related = ("team", "cluster", "model", "submitted_by")
+
+    def get_serializer_class(self):
+        if self.action in ("retrieve", "cancel", "retry"):
+            return JobDetailSerializer
+        return JobSerializer
+
+    def get_queryset(self):
+        queryset = super().get_queryset()
+        if self.action == "list":
+            return queryset.defer("log", "error_traceback", "model__config", "model__analysis")
+        return queryset.prefetch_related("stage_runs")
+
+    @extend_schema(request=None, responses={200: JobDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        job = services.cancel_job(self.get_object(), request.user)
+        return Response(JobDetailSerializer(job, context=self.get_serializer_context()).data)
+
+    @extend_schema(request=None, responses={201: JobDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def retry(self, request, pk=None):
+        job = services.retry_job(self.get_object(), request.user)
+        return Response(JobDetailSerializer(job, context=self.get_serializer_context()).data,
+                        status=status.HTTP_201_CREATED)
+
+
+class StageRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
+    queryset = StageRun.objects.all()
+    filterset_class = filtersets.StageRunFilterSet
+    ordering_fields = ["created", "status"]
+    ordering = ["-id"]
+
+    def get_serializer_class(self):
+        return StageRunListSerializer if self.action == "list" else StageRunSerializer
+
+    def get_queryset(self):
+        queryset = super().get_queryset()
+        return queryset.defer("result", "error_traceback") if self.action == "list" else queryset

@@ -1,0 +1,141 @@
+"""Job pages: the dashboard (clusters, running and recent jobs), the job list with its filters, the job form, a
+job's live page (with the small JSON endpoint it polls), and cancel and retry."""
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
+from django.http import JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from ..choices import ACTIVE_STATUSES, STATUS_COLOURS
+from ..clusters.services import clusters_with_counts
+from ..filtersets import JobFilterSet
+from ..models import AdaptationJob, StageRun
+from . import services
+from .forms import JobForm
+
+
+@login_required
+def dashboard(request):
+    jobs = services.job_rows(request.user)
+    return render(request, "adaptation/jobs/dashboard.html", {
+        "clusters": clusters_with_counts(request.user),
+        "running_jobs": jobs.filter(status__in=list(ACTIVE_STATUSES))[:20],
+        "recent_jobs": jobs.exclude(status__in=list(ACTIVE_STATUSES))[:10],
+    })
+
+
+@login_required
+def job_list(request):
+    jobs = services.job_rows(request.user)
+    filterset = JobFilterSet(request.GET or None, queryset=jobs, request=request)
+    for name in ("cluster", "model"):
+        field = filterset.form.fields[name]
+        field.queryset = field.queryset.model.objects.for_user(request.user)
+    page = Paginator(filterset.qs, settings.D0_PAGE_SIZE).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    return render(request, "adaptation/jobs/list.html", {"filter": filterset, "page": page,
+                                                         "query": query.urlencode()})
+
+
+@login_required
+def job_create(request):
+    # The cluster and model pages link here with ?cluster= / ?model= to preselect them.
+    form = JobForm(request.POST or None, user=request.user, initial=request.GET.dict())
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            job = services.submit_job(team=data["cluster"].team, user=request.user, cluster=data["cluster"],
+                                      model=data["model"], stages=data["stages"], parameters=data["parameters"])
+        except ValidationError as error:
+            for field, problems in error.message_dict.items():
+                form.add_error(field if field in form.fields else None, problems)
+        else:
+            return redirect("job-detail", pk=job.pk)
+    return render(request, "adaptation/form.html", {"form": form, "title": "Submit a job"})
+
+
+def _job_for(request, pk):
+    return get_object_or_404(
+        AdaptationJob.objects.for_user(request.user).select_related("cluster", "model", "submitted_by", "retry_of"),
+        pk=pk,
+    )
+
+
+def stage_page(job: AdaptationJob, run: StageRun) -> str | None:
+    """The page that shows what a stage run found, once it has a result."""
+    if run.status != "succeeded" and run.kind != "sharded_run":
+        return None
+    if run.kind == "env_check":
+        return reverse("cluster-topology", args=[job.cluster_id])
+    if run.kind == "op_coverage":
+        return reverse("model-coverage", args=[job.model_id])
+    if run.kind == "sharded_run" and run.status in ("succeeded", "failed"):
+        return reverse("sharded-run", args=[run.pk])
+    if run.kind == "sweep":
+        return reverse("sweep-report", args=[run.pk])
+    return None
+
+
+def job_progress_payload(job: AdaptationJob) -> dict:
+    runs = StageRun.objects.filter(job=job).defer("result").order_by("id")
+    return {
+        "id": job.pk,
+        "status": job.status,
+        "status_label": job.get_status_display(),
+        "colour": STATUS_COLOURS[job.status],
+        "terminal": job.is_terminal,
+        "progress": job.progress,
+        "error": job.error,
+        "log": job.log,
+        "stage_runs": [
+            {"id": run.pk, "kind": run.kind, "node": run.node_name, "status": run.status,
+             "progress": run.progress, "message": run.message, "error": run.error, "page": stage_page(job, run)}
+            for run in runs
+        ],
+    }
+
+
+@login_required
+def job_detail(request, pk):
+    job = _job_for(request, pk)
+    return render(request, "adaptation/jobs/detail.html", {
+        "job": job,
+        "stage_runs": job.stage_runs.select_related("node").order_by("id"),
+        "progress_payload": job_progress_payload(job),
+    })
+
+
+@login_required
+def job_progress(request, pk):
+    return JsonResponse(job_progress_payload(_job_for(request, pk)))
+
+
+@login_required
+@require_POST
+def job_cancel(request, pk):
+    job = _job_for(request, pk)
+    try:
+        services.cancel_job(job, request.user)
+        messages.success(request, f"Job {job.pk} cancelled.")
+    except services.Conflict as conflict:
+        messages.error(request, str(conflict))
+    return redirect("job-detail", pk=job.pk)
+
+
+@login_required
+@require_POST
+def job_retry(request, pk):
+    job = _job_for(request, pk)
+    try:
+        new_job = services.retry_job(job, request.user)
+    except services.Conflict as conflict:
+        messages.error(request, str(conflict))
+        return redirect("job-detail", pk=job.pk)
+    messages.success(request, f"Job {new_job.pk} submitted as a retry of job {job.pk}.")
+    return redirect("job-detail", pk=new_job.pk)

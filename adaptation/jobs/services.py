@@ -1,0 +1,358 @@
+"""Jobs as the pages, the API, the admin and the control-plane tasks see them: submit, cancel, retry, the whole
+adaptation in one job; dispatch of each stage to its nodes (past the pre-flight gate), the nodes' reports of a
+stage (started, progress, finished, its result stored by its capability), and no job left behind when a node goes
+silent or a report is lost.
+
+Views and tasks stay thin: they call these functions. Messages to workers are sent only after the
+transaction that created their rows commits (NetBox's ``Job.enqueue``), and carry ids, never objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import uuid
+from collections.abc import Iterable
+from datetime import timedelta
+from functools import partial
+from traceback import format_exc
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from workers import protocol
+from workers.engine.sharding.layout import Layout
+from workers.engine.stages import STAGES
+
+from ..choices import ACTIVE_STATUSES, JobStatus, NodeStatus
+from ..clusters import services as clusters
+from ..coverage import services as coverage
+from ..models import AdaptationJob, Cluster, ModelSpec, Node, StageRun
+from ..sharding import services as sharding
+from ..sweeps import services as sweeps
+
+logger = logging.getLogger(__name__)
+
+
+class Conflict(Exception):
+    """The request is valid but the object's state forbids it (the API answers 409)."""
+
+
+def celery_app():
+    from d0web.celery import app
+
+    return app
+
+
+def _send_on_commit(name: str, args: list, queue: str, task_id: str, **options) -> None:
+    transaction.on_commit(
+        partial(celery_app().send_task, name, args=args, queue=queue, task_id=task_id, **options)
+    )
+
+
+def _revoke_on_commit(task_ids: Iterable[str], terminate: bool) -> None:
+    ids = [task_id for task_id in task_ids if task_id]
+    if ids:
+        transaction.on_commit(partial(celery_app().control.revoke, ids, terminate=terminate))
+
+
+def job_rows(user):
+    """The user's jobs as the lists show them (without the log, the traceback or the model's config)."""
+    return (AdaptationJob.objects.for_user(user)
+            .select_related("cluster", "model", "submitted_by")
+            .defer("log", "error_traceback", "model__config", "model__analysis"))
+
+
+# --- submit, cancel, retry ------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def submit_job(*, team, user, cluster, stages, model=None, parameters=None, retry_of=None) -> AdaptationJob:
+    job = AdaptationJob(
+        team=team,
+        cluster=cluster,
+        model=model,
+        stages=list(stages),
+        parameters=parameters or {},
+        submitted_by=user,
+        retry_of=retry_of,
+        celery_task_id=str(uuid.uuid4()),
+    )
+    job.full_clean()
+    job.save()
+    job.append_log(f"submitted by {user} to cluster {cluster.name}: {', '.join(job.stages)}")
+    _send_on_commit(protocol.DISPATCH_JOB, [job.pk], protocol.control_queue(), job.celery_task_id)
+    return job
+
+
+ADAPT_STAGES = ["env_check", "op_coverage", "sharded_run", "sweep"]
+
+
+def submit_adaptation(*, model: ModelSpec, cluster: Cluster, user) -> AdaptationJob:
+    """The whole adaptation in one job: env check, coverage, a sharded validation run, and the tuning sweep."""
+    layout, why = sharding.adaptation_layout(model, cluster)
+    job = submit_job(team=cluster.team, user=user, cluster=cluster, model=model, stages=ADAPT_STAGES,
+                     parameters={"op_coverage": {"compile": False}, "sharded_run": layout,
+                                 "sweep": sweeps.ADAPTATION_SWEEP})
+    job.append_log(f"adaptation: model analysed at upload ({model.analysis.get('method') if model.analysis else '?'});"
+                   f" sharded run uses {why}")
+    return job
+
+
+def retry_job(job: AdaptationJob, user) -> AdaptationJob:
+    if not job.is_terminal:
+        raise Conflict(f"Job {job.pk} is {job.status}; only a finished job can be retried.")
+    return submit_job(
+        team=job.team,
+        cluster=job.cluster,
+        model=job.model,
+        stages=job.stages,
+        parameters=job.parameters,
+        user=user,
+        retry_of=job,
+    )
+
+
+@transaction.atomic
+def cancel_job(job: AdaptationJob, user) -> AdaptationJob:
+    if not job.cancel():
+        raise Conflict(f"Job {job.pk} is already {job.status}; only a queued or running job can be cancelled.")
+    job.append_log(f"cancelled by {user}")
+    _stop_stage_runs(job, JobStatus.CANCELLED)
+    # The dispatch task is bookkeeping that reads the job row: revoke it but never kill it mid-write.
+    _revoke_on_commit([job.celery_task_id], terminate=False)
+    return job
+
+
+def _stop_stage_runs(job: AdaptationJob, status: str, error: str = "") -> None:
+    """End every still-active stage run of a job and revoke its node task (killing it if it runs)."""
+    runs = StageRun.objects.filter(job=job, status__in=list(ACTIVE_STATUSES))
+    task_ids = list(runs.values_list("celery_task_id", flat=True))
+    runs.update(status=status, finished=timezone.now(), error=error)
+    _revoke_on_commit(task_ids, terminate=True)
+
+
+@transaction.atomic
+def fail_job(job: AdaptationJob, error: str, traceback: str = "") -> None:
+    """Fail a job (if still active) with its reason, and stop its other stage runs."""
+    if job.fail(error, traceback):
+        job.append_log(f"failed: {error}")
+        _stop_stage_runs(job, JobStatus.CANCELLED, error="job failed elsewhere")
+
+
+# --- dispatch -------------------------------------------------------------------------------------------
+
+
+def eligible_nodes(job: AdaptationJob) -> list[Node]:
+    nodes = Node.objects.filter(cluster=job.cluster, status=NodeStatus.ONLINE).order_by("hostname")
+    wanted = job.parameters.get("nodes") if isinstance(job.parameters, dict) else None
+    if wanted:
+        nodes = nodes.filter(hostname__in=wanted)
+    return list(nodes)
+
+
+def dispatch_job(job_id: int) -> None:
+    """Control-plane entry point for a new job: start it and fan out its first stage."""
+    job = AdaptationJob.objects.filter(pk=job_id).first()
+    if job is None or not job.start():
+        return  # deleted, cancelled before it started, or already dispatched by a redelivery
+    job.append_log("started")
+    advance_job(job.pk)
+
+
+@transaction.atomic
+def advance_job(job_id: int) -> None:
+    """Dispatch the next stage whose predecessors have all succeeded, or finish the job."""
+    job = AdaptationJob.objects.select_for_update().get(pk=job_id)
+    if job.status != JobStatus.RUNNING:
+        return
+    runs = list(job.stage_runs.all())
+    if any(run.status in ACTIVE_STATUSES for run in runs):
+        _update_job_progress(job, runs)
+        return
+    done = {run.kind for run in runs}
+    pending = [kind for kind in job.stages if kind not in done]
+    if not pending:
+        job.finish()
+        job.append_log("succeeded")
+        return
+    kind = pending[0]
+    nodes = eligible_nodes(job)
+    if not nodes:
+        fail_job(job, f"No online node in cluster '{job.cluster.name}' can run stage {kind}. Start a node worker "
+                       f"(see the cluster page) or wait for a node to come back online.")
+        return
+    refused = clusters.preflight_refusals(kind, nodes)
+    for reason in refused.values():
+        job.append_log(f"pre-flight gate: {reason}")
+    nodes = [node for node in nodes if node.pk not in refused]
+    if not nodes:
+        fail_job(job, f"The pre-flight gate refused every node for stage {kind}: " + "; ".join(refused.values()))
+        return
+    try:
+        assignments = stage_assignments(job, kind, nodes)
+    except ValueError as error:
+        fail_job(job, f"Stage {kind} cannot be placed: {error}")
+        return
+    for node, params in assignments:
+        run = StageRun.objects.create(
+            job=job, kind=kind, node=node, node_name=node.hostname, celery_task_id=str(uuid.uuid4())
+        )
+        job.append_log(f"stage {kind} queued on {node.hostname}")
+        _send_on_commit(protocol.RUN_STAGE, [run.pk, kind, params], node.queue_name, run.celery_task_id)
+    _update_job_progress(job, [*runs, *job.stage_runs.filter(kind=kind)])
+
+
+def stage_parameters(job: AdaptationJob, kind: str) -> dict:
+    """What a node's stage gets: the job's parameters for that stage (``parameters[kind]``) plus what the control
+    plane knows: the cluster's expected device count, the model's config.json."""
+    params = dict(job.parameters.get(kind) or {})
+    if kind == "env_check":
+        params.setdefault("expected_devices_per_node", job.cluster.expected_devices_per_node)
+    if STAGES[kind].needs_model:
+        params["config"] = job.model.config
+    if kind == "op_coverage" and params.get("virtual_backends"):
+        # Ids of the team's virtual backends become the operator lists the node judges against.
+        params["virtual_backends"] = coverage.operator_lists(job.team, params["virtual_backends"])
+    return params
+
+
+def stage_assignments(job: AdaptationJob, kind: str, nodes: list[Node]) -> list[tuple[Node, dict]]:
+    """(node, params) for each stage run of ``kind``: every eligible node, or for a "group" stage (a sharded run)
+    ``node_count`` nodes forming one torch.distributed world, rendezvousing on the first one (torchrun's
+    env:// method: its address and a port)."""
+    params = stage_parameters(job, kind)
+    placement = STAGES[kind].placement
+    if placement == "one":
+        if kind == "sweep" and "hardware" not in params:
+            params["hardware"] = sweeps.measured_hardware(nodes[0])
+        return [(nodes[0], params)]
+    if placement != "group":
+        return [(node, params) for node in nodes]
+    node_count = int(params.pop("node_count", 1))
+    if node_count < 1 or node_count > len(nodes):
+        raise ValueError(f"it needs {node_count} node(s) and {len(nodes)} eligible node(s) are online")
+    if node_count == 1:
+        return [(nodes[0], params)]
+    world_size = Layout(**{axis: int(params.get(axis, 1)) for axis in ("tp", "pp", "ep")}).world_size
+    if world_size % node_count:
+        raise ValueError(f"a world of {world_size} ranks does not split evenly over {node_count} nodes")
+    chosen = nodes[:node_count]
+    master = chosen[0].host_facts.get("address") or chosen[0].hostname
+    # The port cannot be checked free on a remote node: a random one from a range torchrun users leave alone
+    # makes two concurrent runs (or two control planes on one host) unlikely to meet.
+    rendezvous = {"master_addr": master, "master_port": 20000 + secrets.randbelow(10000), "world_size": world_size,
+                  "nproc_per_node": world_size // node_count}
+    return [(node, {**params, "rendezvous": {**rendezvous, "node_rank": rank}}) for rank, node in enumerate(chosen)]
+
+
+def _update_job_progress(job: AdaptationJob, runs: list[StageRun]) -> None:
+    """Job progress = mean over its stages of the mean progress of that stage's runs (0 if not yet run)."""
+    per_stage = []
+    for kind in job.stages:
+        fractions = [run.progress for run in runs if run.kind == kind]
+        per_stage.append(sum(fractions) / len(fractions) if fractions else 0.0)
+    job.set_progress(sum(per_stage) / len(per_stage))
+
+
+# --- what the nodes report ------------------------------------------------------------------------------
+
+# What the control plane does with a stage's result besides keeping it on the stage run, by stage kind.
+RESULT_STORES = {"env_check": clusters.store_env_check, "op_coverage": coverage.store_op_coverage}
+
+
+def record_stage_started(stage_run_id: int) -> None:
+    run = StageRun.objects.filter(pk=stage_run_id).first()
+    if run and run.start():
+        run.job.append_log(f"stage {run.kind} running on {run.node_name}")
+
+
+def record_stage_progress(stage_run_id: int, fraction: float, message: str) -> None:
+    updated = StageRun.objects.filter(pk=stage_run_id, status=JobStatus.RUNNING).update(
+        progress=min(max(float(fraction), 0.0), 1.0), message=str(message)[:255]
+    )
+    if updated:
+        job = AdaptationJob.objects.get(stage_runs__pk=stage_run_id)
+        _update_job_progress(job, list(job.stage_runs.all()))
+
+
+def record_stage_finished(stage_run_id: int, ok: bool, result, error: str, traceback: str) -> None:
+    run = StageRun.objects.select_related("job").filter(pk=stage_run_id).first()
+    if run is None:
+        return
+    moved = run.finish(result=result, message="done") if ok else run.fail(error or "stage failed", traceback)
+    if not moved:
+        return  # cancelled, or failed by the node sweep: a late report never overwrites that
+    job = run.job
+    if not ok:
+        fail_job(job, f"Stage {run.kind} failed on {run.node_name}: {error}", traceback)
+        return
+    try:
+        store = RESULT_STORES.get(run.kind)
+        if store:
+            store(run)
+    except Exception as problem:  # noqa: BLE001 - a malformed report must end the job, not leave it running
+        logger.exception("could not store the result of stage run %s", run.pk)
+        fail_job(job, f"Stage {run.kind} on {run.node_name} finished, but its result could not be stored: "
+                      f"{type(problem).__name__}: {problem}", format_exc())
+        return
+    job.append_log(f"stage {run.kind} succeeded on {run.node_name} in {run.duration_seconds or 0:.1f}s"
+                   + _verdict_note(result))
+    advance_job(job.pk)
+
+
+def _verdict_note(result) -> str:
+    if not isinstance(result, dict) or "verdict" not in result:
+        return ""
+    worst = [check["message"] for check in result.get("checks", []) if check.get("status") == result["verdict"]]
+    return f": {result['verdict'].upper()}" + (f" ({worst[0]})" if worst and result["verdict"] != "pass" else "")
+
+
+# --- no job left behind ---------------------------------------------------------------------------------
+
+
+def node_left(queue_name: str) -> None:
+    """A node worker shut down cleanly: offline now, rather than after the heartbeat timeout."""
+    for node in Node.objects.filter(queue_name=queue_name, status=NodeStatus.ONLINE):
+        _mark_offline(node, "its worker shut down", Node.objects.filter(pk=node.pk, status=NodeStatus.ONLINE))
+
+
+def sweep_stuck_stage_runs() -> int:
+    """Fail stage runs that have been running longer than any stage may (their report was lost: a broker
+    restart, a worker killed between two messages). Returns how many were failed."""
+    limit = settings.D0_STAGE_TIMEOUT
+    cutoff = timezone.now() - timedelta(seconds=limit)
+    failed = 0
+    for run in StageRun.objects.select_related("job").filter(status=JobStatus.RUNNING, started__lt=cutoff):
+        error = f"Stage {run.kind} on {run.node_name} sent no result within {limit:g}s; its report was lost."
+        if run.fail(error):
+            fail_job(run.job, error)
+            failed += 1
+    return failed
+
+
+def sweep_nodes() -> list[str]:
+    """Mark nodes offline after missed heartbeats and fail the work they held. Returns their hostnames."""
+    timeout = settings.D0_NODE_TIMEOUT
+    cutoff = timezone.now() - timedelta(seconds=timeout)
+    stale = Node.objects.filter(status__in=[NodeStatus.ONLINE, NodeStatus.DRAINING], last_heartbeat__lt=cutoff)
+    gone = []
+    for node in stale:
+        reason = f"no heartbeat since {node.last_heartbeat:%Y-%m-%d %H:%M:%S} UTC (timeout {timeout:g}s)"
+        guard = Node.objects.filter(pk=node.pk, last_heartbeat__lt=cutoff, status=node.status)
+        if _mark_offline(node, reason, guard):
+            gone.append(node.hostname)
+    return gone
+
+
+@transaction.atomic
+def _mark_offline(node: Node, reason: str, guard) -> bool:
+    if not guard.update(status=NodeStatus.OFFLINE):
+        return False  # a heartbeat arrived in between
+    logger.warning("node %s offline: %s", node.hostname, reason)
+    for run in StageRun.objects.select_related("job").filter(node=node, status__in=list(ACTIVE_STATUSES)):
+        error = f"Node {node.hostname} went offline ({reason}) while stage {run.kind} was {run.status}."
+        if run.fail(error):
+            fail_job(run.job, error)
+    return True

@@ -1,0 +1,99 @@
+"""The charts of a sweep's benchmark report, built server-side with plotly from the stored trials: throughput vs
+batch size per precision; TTFT and TPOT vs batch size; latency CDF (from each trial's recorded p50/p90/p99);
+throughput vs latency with its Pareto front; the roofline with every trial on it; predicted vs measured time.
+Metric definitions are vLLM's (see workers/engine/sweep/metrics.py).
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+
+def ok_trials(result: dict) -> list[dict]:
+    return [trial for trial in result.get("trials", []) if trial.get("status") == "ok" and trial.get("metrics")]
+
+
+def _layout(title: str, x: str, y: str, **extra) -> dict:
+    return {"title": {"text": title}, "xaxis": {"title": {"text": x}}, "yaxis": {"title": {"text": y}},
+            "height": 360, "margin": {"l": 70, "r": 20, "t": 50, "b": 60}, **extra}
+
+
+def _by_precision(trials: list[dict]) -> dict[str, list[dict]]:
+    """Per precision, the best trial (highest output tokens/s) at each batch size, by batch size: the curves a
+    reader compares; every trial is in the table, the Pareto plot and the roofline."""
+    best: dict[tuple[str, int], dict] = {}
+    for trial in trials:
+        key = (trial["params"]["precision"], trial["params"]["batch_size"])
+        if key not in best or trial["metrics"]["output_tokens_per_s"] > best[key]["metrics"]["output_tokens_per_s"]:
+            best[key] = trial
+    groups: dict[str, list[dict]] = {}
+    for (precision, _), trial in sorted(best.items()):
+        groups.setdefault(precision, []).append(trial)
+    return groups
+
+
+def figures(result: dict) -> dict[str, go.Figure]:
+    trials = ok_trials(result)
+    groups = _by_precision(trials)
+    label = [f"#{t['id']} {t['params']['precision']} bs{t['params']['batch_size']} "
+             f"page{t['params']['page_size']} mbt{t['params']['max_batch_tokens']}" for t in trials]
+    throughput = go.Figure(layout=_layout("Output throughput vs batch size (best per size)", "batch size",
+                                          "output tokens/s"))
+    latency = go.Figure(layout=_layout("TTFT and TPOT (p50) vs batch size (best per size)", "batch size", "seconds"))
+    for precision, members in groups.items():
+        sizes = [trial["params"]["batch_size"] for trial in members]
+        throughput.add_trace(go.Scatter(x=sizes, y=[t["metrics"]["output_tokens_per_s"] for t in members],
+                                        mode="markers+lines", name=precision))
+        latency.add_trace(go.Scatter(x=sizes, y=[t["metrics"]["ttft_s"]["p50"] for t in members],
+                                     mode="markers+lines", name=f"TTFT {precision}"))
+        latency.add_trace(go.Scatter(x=sizes, y=[t["metrics"]["tpot_s"]["p50"] for t in members],
+                                     mode="markers+lines", name=f"TPOT {precision}", line={"dash": "dot"}))
+    cdf = go.Figure(layout=_layout("End-to-end latency CDF (recorded percentiles)", "seconds", "fraction of requests"))
+    for trial, name in zip(trials, label, strict=True):
+        e2e = trial["metrics"]["e2e_latency_s"]
+        cdf.add_trace(go.Scatter(x=[0, e2e["p50"], e2e["p90"], e2e["p99"]], y=[0, 0.5, 0.9, 0.99],
+                                 mode="lines+markers", name=name))
+    pareto = go.Figure(layout=_layout("Throughput vs latency", "TPOT p50 (s)", "output tokens/s"))
+    points = [(t["metrics"]["tpot_s"]["p50"], t["metrics"]["output_tokens_per_s"], name)
+              for t, name in zip(trials, label, strict=True) if t["metrics"]["tpot_s"]["p50"] is not None]
+    pareto.add_trace(go.Scatter(x=[p[0] for p in points], y=[p[1] for p in points], text=[p[2] for p in points],
+                                mode="markers", name="trials"))
+    front, best = [], -1.0
+    for point in sorted(points):  # lowest latency first: a point is on the front if nothing faster beats it
+        if point[1] > best:
+            front.append(point)
+            best = point[1]
+    pareto.add_trace(go.Scatter(x=[p[0] for p in front], y=[p[1] for p in front], mode="lines+markers",
+                                name="Pareto front", line={"color": "#d92d20"}))
+    roofline = go.Figure(layout=_layout("Roofline", "arithmetic intensity (FLOP/byte)", "FLOP/s",
+                                        xaxis={"type": "log", "title": {"text": "arithmetic intensity (FLOP/byte)"}},
+                                        yaxis={"type": "log", "title": {"text": "FLOP/s"}}))
+    hardware = result.get("roofline", {})
+    bandwidth = hardware.get("memory_bandwidth_bytes_per_s")
+    for precision, peak in (hardware.get("flops_per_s") or {}).items():
+        if peak and bandwidth:
+            ridge = peak / bandwidth
+            xs = [ridge / 100, ridge, ridge * 100]
+            roofline.add_trace(go.Scatter(x=xs, y=[min(bandwidth * x, peak) for x in xs], mode="lines",
+                                          name=f"roof {precision}"))
+    roofline.add_trace(go.Scatter(
+        x=[t["roofline"]["arithmetic_intensity"] for t in trials],
+        y=[t["roofline"]["arithmetic_intensity"] * t["roofline"]["memory_bandwidth_bytes_per_s"]
+           * t["roofline"]["efficiency"] if t["roofline"]["bound"] == "memory-bound"
+           else t["roofline"]["flops_per_s"] * t["roofline"]["efficiency"] for t in trials],
+        text=label, mode="markers", name="trials (ceiling × efficiency)"))
+    predicted = go.Figure(layout=_layout("Predicted vs measured time per trial", "predicted (s)", "measured (s)"))
+    predicted.add_trace(go.Scatter(x=[t["roofline"]["predicted_seconds"] for t in trials],
+                                   y=[t["roofline"]["measured_seconds"] for t in trials], text=label,
+                                   mode="markers", name="trials"))
+    top = max([t["roofline"]["measured_seconds"] for t in trials] or [1])
+    predicted.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="measured = predicted",
+                                   line={"dash": "dash", "color": "#98a2b3"}))
+    return {"throughput": throughput, "latency": latency, "cdf": cdf, "pareto": pareto, "roofline": roofline,
+            "predicted": predicted}
+
+
+def chart_html(result: dict) -> dict[str, str]:
+    return {name: figure.to_html(full_html=False, include_plotlyjs=False, div_id=f"chart-{name}",
+                                 config={"displaylogo": False, "responsive": True})
+            for name, figure in figures(result).items()}

@@ -1,0 +1,18 @@
+"""The one team-choice rule every form follows."""
+
+from django import forms
+
+
+class TeamChoiceMixin:
+    """Limits every team-owned choice of a form to the user's teams."""
+
+    def scope(self, user, teams=None):
+        """``teams`` narrows the team choices further (e.g. to those the user administers)."""
+        for field in self.fields.values():
+            if isinstance(field, forms.ModelChoiceField):
+                field.queryset = field.queryset.model.objects.for_user(user)
+        if "team" in self.fields:
+            if teams is not None:
+                self.fields["team"].queryset = teams
+            if self.fields["team"].queryset.count() == 1:
+                self.fields["team"].initial = self.fields["team"].queryset.first()

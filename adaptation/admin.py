@@ -1,7 +1,7 @@
 from django.contrib import admin
 
-from .models import (AdaptationJob, Cluster, Device, EnvReport, Link, Membership, ModelPlan, ModelSpec, Node, StageRun,
-                     Team)
+from .models import (AdaptationJob, Cluster, Device, EnvReport, JoinToken, Link, Membership, ModelPlan, ModelSpec, Node,
+                     RejectedNodeMessage, StageRun, Team)
 
 
 class MembershipInline(admin.TabularInline):
@@ -60,7 +60,8 @@ class NodeAdmin(admin.ModelAdmin):
     list_filter = ["status", "cluster__team", "cluster"]
     search_fields = ["hostname", "queue_name"]
     list_select_related = ["cluster"]
-    readonly_fields = ["registered", "last_heartbeat"]
+    # Deleting a node is how a machine that lost its key re-joins (with a new join token).
+    readonly_fields = ["registered", "last_heartbeat", "key_id", "public_key", "last_signed_ts"]
     actions = [drain_nodes]
     inlines = [DeviceInline]
 
@@ -130,3 +131,23 @@ class ModelPlanAdmin(admin.ModelAdmin):
     list_display = ["id", "model", "cluster", "created_by", "created"]
     list_select_related = ["model", "cluster", "created_by"]
     readonly_fields = ["model", "cluster", "request", "result", "created_by", "created"]
+
+
+@admin.register(JoinToken)
+class JoinTokenAdmin(admin.ModelAdmin):
+    list_display = ["token_id", "cluster", "description", "expires", "revoked", "uses", "created_by"]
+    list_filter = ["cluster__team", "cluster"]
+    list_select_related = ["cluster", "created_by"]
+    # Tokens are made on the cluster page or through the API, where the whole token is shown once.
+    readonly_fields = ["cluster", "token_id", "secret_sha256", "created_by", "created", "uses", "last_used"]
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(RejectedNodeMessage)
+class RejectedNodeMessageAdmin(admin.ModelAdmin):
+    list_display = ["task", "reason", "cluster", "count", "last_seen", "detail"]
+    list_filter = ["reason", "task", "cluster"]
+    list_select_related = ["cluster"]
+    readonly_fields = ["cluster", "task", "reason", "count", "first_seen", "last_seen", "detail"]

@@ -5,3 +5,6 @@ class AdaptationConfig(AppConfig):
     name = "adaptation"
     verbose_name = "Day-zero adaptation"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from d0web import checks  # noqa: F401 - registers d0's deployment checks

@@ -2,12 +2,33 @@
 
 import django_filters
 from django import forms
+from django_filters.rest_framework import DjangoFilterBackend
 
 from .choices import CheckVerdict, DeviceKind, JobStatus, NodeStatus
 from .models import AdaptationJob, Cluster, Device, EnvReport, Link, ModelSpec, Node, StageRun
 
 
-class ClusterFilterSet(django_filters.FilterSet):
+class TeamScopedFilterSet(django_filters.FilterSet):
+    """Every row choice (``?cluster=``, ``?model=``, ``?job=``…) limited to the requesting user's teams: another
+    team's id is "not one of the available choices", exactly like an id that does not exist."""
+
+    def __init__(self, data=None, queryset=None, *, request=None, prefix=None):
+        super().__init__(data, queryset, request=request, prefix=prefix)
+        user = getattr(request, "user", None)
+        for row_filter in self.filters.values():
+            if isinstance(row_filter, django_filters.ModelChoiceFilter | django_filters.ModelMultipleChoiceFilter):
+                model = row_filter.queryset.model
+                row_filter.queryset = (model.objects.for_user(user) if user is not None
+                                       and hasattr(model.objects, "for_user") else model.objects.none())
+
+
+class TeamScopedFilterBackend(DjangoFilterBackend):
+    """The API's filter backend: the filters DRF makes from a viewset's ``filterset_fields`` are scoped too."""
+
+    filterset_base = TeamScopedFilterSet
+
+
+class ClusterFilterSet(TeamScopedFilterSet):
     name = django_filters.CharFilter(lookup_expr="icontains")
 
     class Meta:
@@ -15,7 +36,7 @@ class ClusterFilterSet(django_filters.FilterSet):
         fields = ["name", "interconnect"]
 
 
-class NodeFilterSet(django_filters.FilterSet):
+class NodeFilterSet(TeamScopedFilterSet):
     status = django_filters.ChoiceFilter(choices=NodeStatus.choices)
 
     class Meta:
@@ -23,7 +44,7 @@ class NodeFilterSet(django_filters.FilterSet):
         fields = ["cluster", "status", "hostname"]
 
 
-class DeviceFilterSet(django_filters.FilterSet):
+class DeviceFilterSet(TeamScopedFilterSet):
     kind = django_filters.ChoiceFilter(choices=DeviceKind.choices)
     cluster = django_filters.NumberFilter(field_name="node__cluster")
 
@@ -32,13 +53,13 @@ class DeviceFilterSet(django_filters.FilterSet):
         fields = ["node", "kind", "cluster"]
 
 
-class LinkFilterSet(django_filters.FilterSet):
+class LinkFilterSet(TeamScopedFilterSet):
     class Meta:
         model = Link
         fields = ["cluster", "kind", "p2p_ok"]
 
 
-class ModelSpecFilterSet(django_filters.FilterSet):
+class ModelSpecFilterSet(TeamScopedFilterSet):
     name = django_filters.CharFilter(lookup_expr="icontains")
     architecture = django_filters.CharFilter(lookup_expr="icontains")
 
@@ -47,7 +68,7 @@ class ModelSpecFilterSet(django_filters.FilterSet):
         fields = ["name", "architecture"]
 
 
-class JobFilterSet(django_filters.FilterSet):
+class JobFilterSet(TeamScopedFilterSet):
     status = django_filters.MultipleChoiceFilter(choices=JobStatus.choices, widget=forms.CheckboxSelectMultiple)
     stage = django_filters.CharFilter(field_name="stages", lookup_expr="icontains", label="Stage")
 
@@ -56,7 +77,7 @@ class JobFilterSet(django_filters.FilterSet):
         fields = ["status", "cluster", "model", "stage"]
 
 
-class StageRunFilterSet(django_filters.FilterSet):
+class StageRunFilterSet(TeamScopedFilterSet):
     status = django_filters.ChoiceFilter(choices=JobStatus.choices)
 
     class Meta:
@@ -64,7 +85,7 @@ class StageRunFilterSet(django_filters.FilterSet):
         fields = ["job", "kind", "status", "node"]
 
 
-class EnvReportFilterSet(django_filters.FilterSet):
+class EnvReportFilterSet(TeamScopedFilterSet):
     verdict = django_filters.ChoiceFilter(choices=CheckVerdict.choices)
     cluster = django_filters.NumberFilter(field_name="node__cluster")
 

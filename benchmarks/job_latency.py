@@ -35,11 +35,13 @@ def measure(broker_url: str | None, jobs: int) -> list[float]:
         processes = Processes(Path(tmp))
         up = processes.start("up", [sys.executable, "manage.py", "up", "--bind", base[7:], "--web-workers", "1"], env)
         try:
-            wait_for(quietly(lambda: all(call(f"{base}/api/status/")["workers"].values())), 120, "d0 to come up")
+            wait_for(quietly(lambda: call(f"{base}/api/status/") == {"status": "up"}), 120, "the web server")
             username, password = (var / "demo-credentials.txt").read_text().split()
             form = f"username={username}&password={password}".encode()
             with urllib.request.urlopen(urllib.request.Request(f"{base}/api/token/", data=form)) as response:
                 token = json.load(response)["token"]
+            wait_for(quietly(lambda: all(call(f"{base}/api/status/", token=token)["workers"].values())), 120,
+                     "d0's workers to come up")
             cluster = call(f"{base}/api/clusters/", token=token)["results"][0]["id"]
             latencies = []
             for _ in range(jobs + 1):  # the first job warms the worker processes up and is not counted

@@ -7,6 +7,7 @@ With no variables: SQLite under ``var/`` and a filesystem message broker under `
 from __future__ import annotations
 
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 from workers.protocol import SWEEP_NODES, broker_settings, control_queue
@@ -31,6 +32,8 @@ def _secret_key() -> str:
 
 
 SECRET_KEY = _secret_key()
+# Production must bring its own key: `check --deploy` fails on the zero-setup one (d0web/checks.py).
+D0_SECRET_KEY_FROM_ENVIRONMENT = bool(env_str("D0_SECRET_KEY"))
 DEBUG = env_bool("D0_DEBUG", False)
 ALLOWED_HOSTS = env_list("D0_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("D0_CSRF_TRUSTED_ORIGINS", [])
@@ -47,11 +50,16 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "axes",
+    "csp",
     "adaptation",
 ]
 
 MIDDLEWARE = [
+    # First: a body over the limit is refused from its Content-Length, before anything reads it.
+    "d0web.middleware.RequestBodyLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -59,7 +67,38 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: turns a locked-out login into a 429.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Failed sign-ins (the login page, the admin's, and /api/token/, which all go through authenticate()) are
+# counted per username and address by django-axes; past the limit that pair is locked out for the cool-off,
+# the right password included. django-axes rather than DRF throttles: it covers the HTML login too, keeps the
+# attempts in the database (every web worker sees them) and has an admin page and `axes_reset` to unlock.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env_int("D0_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_float("D0_LOGIN_LOCKOUT_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
+AXES_IPWARE_PROXY_COUNT = 1 if env_bool("D0_BEHIND_TLS_PROXY", False) else None
+
+# Content-Security-Policy: scripts and styles from d0 itself only (plotly is vendored; chart data reaches the
+# scripts through json_script). Inline styles are allowed because plotly.js writes its own <style> element.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "frame-ancestors": ["'none'"],
+        "form-action": ["'self'"],
+    },
+}
 
 ROOT_URLCONF = "d0web.urls"
 WSGI_APPLICATION = "d0web.wsgi.application"
@@ -112,10 +151,13 @@ LOGOUT_REDIRECT_URL = "login"
 # Rows per page of the HTML lists (the API pages by REST_FRAMEWORK["PAGE_SIZE"]).
 D0_PAGE_SIZE = 25
 
-# Uploads: a config.json is a few KiB; anything past this limit is refused with a field message.
+# Uploads: a config.json is a few KiB; anything past this limit is refused with a field message. A whole request
+# body past D0_MAX_REQUEST_BYTES (4x that) is refused (413) before any of it is read, uploads included: between
+# the two, the form or the API still says which field is too big and by how much.
 D0_MAX_CONFIG_BYTES = env_int("D0_MAX_CONFIG_BYTES", 2 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = D0_MAX_CONFIG_BYTES + 256 * 1024
 FILE_UPLOAD_MAX_MEMORY_SIZE = D0_MAX_CONFIG_BYTES + 256 * 1024
+D0_MAX_REQUEST_BYTES = env_int("D0_MAX_REQUEST_BYTES", 4 * D0_MAX_CONFIG_BYTES)
 
 # Production hardening, switched on by environment (check --deploy reads these).
 SECURE_SSL_REDIRECT = env_bool("D0_SECURE_SSL_REDIRECT", False)
@@ -123,7 +165,10 @@ SESSION_COOKIE_SECURE = env_bool("D0_SECURE_COOKIES", False)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_HSTS_SECONDS = env_int("D0_HSTS_SECONDS", 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_SECONDS > 0
-SECURE_HSTS_PRELOAD = SECURE_HSTS_SECONDS > 0
+# Preloading is a promise to browsers' HSTS lists that is slow to take back: only when asked for (and then
+# Django's reminder to preload, security.W021, is not wanted either).
+SECURE_HSTS_PRELOAD = env_bool("D0_HSTS_PRELOAD", False)
+SILENCED_SYSTEM_CHECKS = [] if SECURE_HSTS_PRELOAD else ["security.W021"]
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("D0_BEHIND_TLS_PROXY", False) else None
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SESSION_COOKIE_HTTPONLY = True
@@ -136,8 +181,13 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PARSER_CLASSES": [
+        "adaptation.api.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_FILTER_BACKENDS": [
-        "django_filters.rest_framework.DjangoFilterBackend",
+        "adaptation.filtersets.TeamScopedFilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
@@ -186,6 +236,10 @@ D0_NODE_TIMEOUT = env_float("D0_NODE_TIMEOUT", 45.0)
 D0_SWEEP_INTERVAL = env_float("D0_SWEEP_INTERVAL", 10.0)
 # A stage running longer than this lost its report (the node's own limit is D0_STAGE_SOFT_TIME_LIMIT, 6 h).
 D0_STAGE_TIMEOUT = env_float("D0_STAGE_TIMEOUT", 6 * 3600 + 600)
+# Node trust: how long a join token lasts unless its maker says otherwise, and how old a registration, heartbeat
+# or leave may be before a stale one is counted as a replay (workers/signing.py, adaptation/clusters/trust.py).
+D0_JOIN_TOKEN_HOURS = env_float("D0_JOIN_TOKEN_HOURS", 24.0)
+D0_NODE_MESSAGE_MAX_AGE = env_float("D0_NODE_MESSAGE_MAX_AGE", 300.0)
 # Pre-flight gate: gated stages need an env check of the node no older than this.
 D0_PREFLIGHT_MAX_AGE_HOURS = env_float("D0_PREFLIGHT_MAX_AGE_HOURS", 24.0)
 CELERY_BEAT_SCHEDULE = {

@@ -2,14 +2,17 @@
 (healthchecks' hc/test.py), with their API clients and a little data of the owner's team."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
 from rest_framework.test import APIClient
 
 from adaptation.choices import TeamRole
 from adaptation.models import AdaptationJob, Cluster, Device, Membership, ModelSpec, Node, StageRun, Team
+from tests.harness import WorkerStack
 
 # The real release configs d0 ships as its catalog; tests read them from there.
 CONFIGS = Path(__file__).parent.parent / "adaptation" / "intake" / "catalog" / "configs"
@@ -137,3 +140,39 @@ def broker(monkeypatch):
 def _fast_password_hashing(settings):
     # PBKDF2's deliberate slowness is a cost per user made; the tests make hundreds.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+# --- real workers ---------------------------------------------------------------------------------------
+
+
+def database_url() -> str:
+    """The test database, as the worker processes must reach it."""
+    db = connection.settings_dict
+    credentials = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    return f"postgresql://{credentials}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@pytest.fixture
+def stack(tmp_path, monkeypatch, settings):
+    if connection.vendor != "postgresql" or not os.environ.get("REDIS_URL"):
+        pytest.skip("needs DATABASE_URL (PostgreSQL) and REDIS_URL, as scripts/test.sh sets")
+    stack = WorkerStack(tmp_path, database_url(), os.environ["REDIS_URL"],
+                        D0_NODE_TIMEOUT=4, D0_SWEEP_INTERVAL=1)
+    # This process enqueues jobs too: it must use the stack's queue names.
+    monkeypatch.setenv("D0_CONTROL_QUEUE", stack.control_queue)
+    stack.start_control()
+    try:
+        yield stack
+    except BaseException:
+        print(stack.logs())
+        raise
+    finally:
+        stack.stop_all()
+
+
+def node_online(hostname):
+    return lambda: Node.objects.filter(hostname=hostname, status="online").first()
+
+
+def job_status(job_id, *statuses):
+    return lambda: AdaptationJob.objects.filter(pk=job_id, status__in=statuses).first()

@@ -62,6 +62,15 @@ class Processes:
             self.kill(name)
 
 
+def join_token(cluster_ref: str) -> str:
+    """A fresh join token of the cluster ``<team>/<name>``, as a team admin would make on the cluster page."""
+    from adaptation.clusters.trust import create_join_token
+    from adaptation.models import Cluster
+
+    team, _, name = cluster_ref.partition("/")
+    return create_join_token(Cluster.objects.get(team__slug=team, name=name), None, hours=1)[1]
+
+
 class WorkerStack(Processes):
     """A control-plane worker (with beat) and node workers, sharing the test process's database and broker."""
 
@@ -85,10 +94,15 @@ class WorkerStack(Processes):
                                "--hostname", f"{self.prefix}-control@%h", "--concurrency", "2", "--loglevel",
                                "info", "--without-gossip", "--without-mingle"], self.env)
 
-    def start_node(self, cluster_ref: str, hostname: str, heartbeat: float = 1.0) -> None:
+    def start_node(self, cluster_ref: str, hostname: str, heartbeat: float = 1.0, token: str | None = None) -> None:
+        """A node worker joining ``cluster_ref`` with a fresh join token of it (or ``token``; "" for none). Its
+        key lives in this stack's folder, so starting the same hostname again is a restart of that node."""
+        if token is None:
+            token = join_token(cluster_ref)
         self.start(f"node-{hostname}", [sys.executable, "-m", "workers.node", "--broker", self.broker_url,
                                         "--cluster", cluster_ref, "--hostname", hostname,
-                                        "--heartbeat", str(heartbeat)], self.env)
+                                        "--heartbeat", str(heartbeat), "--state-dir", str(self.log_dir / "node-keys")],
+                   {**self.env, "D0_JOIN_TOKEN": token})
 
     def logs(self) -> str:
         return "\n".join(f"--- {path.name}\n{path.read_text(errors='replace')[-4000:]}"

@@ -111,10 +111,14 @@ def test_only_team_admins_change_clusters(rows, owner_api, member_api, outsider_
     assert created.status_code == 201, created.json()
 
 
-def test_health_is_open_to_anonymous(anon_api, db):
+def test_health_is_open_to_anonymous_and_tells_them_only_up_or_down(anon_api, member_api, node, db):
     response = anon_api.get("/api/status/")
     assert response.status_code in (200, 503)
-    assert set(response.json()) == {"database", "broker", "workers"}
+    assert set(response.json()) == {"status"}
+    # A signed-in user sees the workers, counting only their own teams' nodes.
+    signed_in = member_api.get("/api/status/").json()
+    assert set(signed_in) == {"status", "database", "broker", "workers"}
+    assert signed_in["workers"]["node"] == 1
 
 
 @pytest.mark.parametrize("url", PAGES + PAGES_DETAIL + ["/clusters/new/"])

@@ -8,12 +8,12 @@ from django.test import Client
 from adaptation.intake import services as intake
 from adaptation.models import CoverageReport, EnvReport
 from tests.harness import wait_for
-from tests.test_workers import job_status, node_online, stack  # noqa: F401 - the real-worker fixture
+from tests.conftest import job_status, node_online
 
 pytestmark = [pytest.mark.workers, pytest.mark.django_db(transaction=True)]
 
 
-def test_one_adapt_submission_runs_every_stage_and_produces_the_report(stack, team, owner, member, member_api):  # noqa: F811
+def test_one_adapt_submission_runs_every_stage_and_produces_the_report(stack, team, owner, member, member_api):
     cluster = team.clusters.create(name="local", expected_devices_per_node=1)
     stack.start_node("alpha/local", "adapt-node")
     wait_for(node_online("adapt-node"), 60, "node registration")

@@ -8,7 +8,7 @@ from django.db import connections
 
 from adaptation.models import AdaptationJob
 from tests.harness import wait_for
-from tests.test_workers import node_online, stack  # noqa: F401 - the same real-worker fixture
+from tests.conftest import node_online
 
 pytestmark = [pytest.mark.browser, pytest.mark.workers, pytest.mark.django_db(transaction=True)]
 
@@ -28,7 +28,14 @@ def page(monkeypatch):
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
         try:
-            yield browser.new_page()
+            new_page = browser.new_page()
+            # Every page d0 serves works under its Content-Security-Policy: Chromium reports each thing the
+            # policy blocked on the console, and any such report fails the test that drove the page.
+            blocked = []
+            new_page.on("console", lambda message: blocked.append(message.text)
+                        if "Content Security Policy" in message.text else None)
+            yield new_page
+            assert blocked == [], blocked
         finally:
             browser.close()
             # While Playwright's loop runs, Django keeps this thread's connections apart from the usual ones;
@@ -36,7 +43,7 @@ def page(monkeypatch):
             connections.close_all()
 
 
-def test_a_member_logs_in_submits_a_job_and_sees_it_succeed(stack, live_server, cluster, member, page):  # noqa: F811
+def test_a_member_logs_in_submits_a_job_and_sees_it_succeed(stack, live_server, cluster, member, page):
     stack.start_node("alpha/h100-pod", "browser-node")
     wait_for(node_online("browser-node"), 60, "node registration")
 

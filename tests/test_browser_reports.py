@@ -27,7 +27,7 @@ def log_in(page, live_server):  # noqa: F811
 def test_the_coverage_heatmap_and_gap_pages_render(live_server, cluster, owner, member, node, page):  # noqa: F811
     spec = intake.add_from_catalog(team=cluster.team, user=owner, slug="mixtral-8x7b-v0.1")[0]
     result = op_coverage({"config": spec.config, "dtypes": ["fp32"], "compile": False, "decode_steps": 1,
-                          "virtual_backends": [{"name": "vendorx", "operators": ["aten::mm", "aten::embedding"]}]},
+                          "virtual_backend_lists": [{"name": "vendorx", "operators": ["aten::mm", "aten::embedding"]}]},
                          lambda *_: None)
     job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["op_coverage"])
     run = StageRun.objects.create(job=job, kind="op_coverage", node=node, node_name=node.hostname, result=result)

@@ -269,7 +269,7 @@ def test_the_op_coverage_stage_returns_one_report_per_dtype_and_reports_progress
     assert set(result["reports"]) == {"bf16", "fp32"} and result["coverage"] == 1.0
     assert result["reports"]["fp32"]["dtype"] == "fp32"
     assert fractions == sorted(fractions) and fractions[-1] < 1
-    with pytest.raises(ValueError, match="unknown dtype"):
+    with pytest.raises(ValueError, match="dtypes\\[0\\]: must be one of bf16, fp16, fp32, not 'fp7'"):
         op_coverage({"config": model_config("qwen3-dense"), "dtypes": ["fp7"]}, lambda *_: None)
 
 

@@ -8,7 +8,7 @@ from adaptation.intake import services as intake
 from adaptation.jobs import services as jobs
 from adaptation.models import CoverageReport, EnvReport, ModelSpec, OperatorRecord, VirtualBackend
 from tests.harness import wait_for
-from tests.test_workers import database_url, job_status, node_online, stack  # noqa: F401 - real-worker fixture
+from tests.conftest import job_status, node_online
 from workers.engine.coverage import op_coverage
 
 from .conftest import load_config
@@ -27,7 +27,7 @@ def moe_result():
     config = load_config("qwen3-30b-a3b.json")
     traced = [operator["name"] for operator in coverage_of(config)["reports"]["fp32"]["operators"]]
     listed = [name for name in traced if name.split(".")[0] not in GAPS]
-    return coverage_of(config, virtual_backends=[{"name": "vendorx", "operators": listed}])
+    return coverage_of(config, virtual_backend_lists=[{"name": "vendorx", "operators": listed}])
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +55,8 @@ def record(job_model, owner, node, stage_result, django_capture_on_commit_callba
                                   stages=["op_coverage"])
     jobs.dispatch_job(job.pk)
     run = job.stage_runs.get()
-    jobs.record_stage_started(run.pk)
-    jobs.record_stage_finished(run.pk, True, stage_result, "", "")
+    jobs.record_stage_started(run.pk, sender=run.node)
+    jobs.record_stage_finished(run.pk, True, stage_result, "", "", sender=run.node)
     job.refresh_from_db()
     return job
 
@@ -149,12 +149,13 @@ def test_a_virtual_backend_is_uploaded_as_a_csv_and_sent_to_the_node(member, clu
     job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["op_coverage"],
                               parameters={"op_coverage": {"virtual_backends": [backend.pk]}})
     params = jobs.stage_parameters(job, "op_coverage")
-    assert params["virtual_backends"] == [{"name": "vendorx", "operators": ["aten::mm", "aten::embedding"]}]
+    assert params["virtual_backend_lists"] == [{"name": "vendorx", "operators": ["aten::mm", "aten::embedding"]}]
+    assert "virtual_backends" not in params
 
 
 @pytest.mark.workers
 @pytest.mark.django_db(transaction=True)
-def test_an_op_coverage_job_runs_on_a_real_node_worker(stack, cluster, member_api, owner):  # noqa: F811
+def test_an_op_coverage_job_runs_on_a_real_node_worker(stack, cluster, member_api, owner):
     stack.start_node("alpha/h100-pod", "coverage-node")
     node = wait_for(node_online("coverage-node"), 60, "node registration")
     pass_env_check(node, owner)

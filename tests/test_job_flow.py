@@ -49,11 +49,11 @@ def test_a_job_succeeds_when_every_stage_run_reports_success(cluster, owner, nod
     job = submit(cluster, owner, django_capture_on_commit_callbacks)
     jobs.dispatch_job(job.pk)
     run = job.stage_runs.get()
-    jobs.record_stage_started(run.pk)
-    jobs.record_stage_progress(run.pk, 0.5, "halfway")
+    jobs.record_stage_started(run.pk, sender=run.node)
+    jobs.record_stage_progress(run.pk, 0.5, "halfway", sender=run.node)
     job.refresh_from_db()
     assert job.progress == pytest.approx(0.5)
-    jobs.record_stage_finished(run.pk, True, {"devices": [{"kind": "cpu"}]}, "", "")
+    jobs.record_stage_finished(run.pk, True, {"devices": [{"kind": "cpu"}]}, "", "", sender=run.node)
     job.refresh_from_db()
     run.refresh_from_db()
     assert (job.status, job.progress) == ("succeeded", 1.0)
@@ -66,7 +66,7 @@ def test_a_failed_stage_fails_the_job_with_the_nodes_error(cluster, owner, node,
     job = submit(cluster, owner, django_capture_on_commit_callbacks)
     jobs.dispatch_job(job.pk)
     run = job.stage_runs.get()
-    jobs.record_stage_finished(run.pk, False, None, "RuntimeError: CUDA error", "Traceback ...")
+    jobs.record_stage_finished(run.pk, False, None, "RuntimeError: CUDA error", "Traceback ...", sender=run.node)
     job.refresh_from_db()
     assert job.status == "failed"
     assert job.error == "Stage env_probe failed on gpu-01: RuntimeError: CUDA error"
@@ -87,12 +87,12 @@ def test_cancel_revokes_node_work_and_a_late_report_does_not_undo_it(cluster, ow
     job = submit(cluster, owner, django_capture_on_commit_callbacks)
     jobs.dispatch_job(job.pk)
     run = job.stage_runs.get()
-    jobs.record_stage_started(run.pk)
+    jobs.record_stage_started(run.pk, sender=run.node)
     with django_capture_on_commit_callbacks(execute=True):
         jobs.cancel_job(job, owner)
     assert ([run.celery_task_id], True) in broker.revoked
-    jobs.record_stage_progress(run.pk, 0.9, "late")
-    jobs.record_stage_finished(run.pk, True, {"late": True}, "", "")
+    jobs.record_stage_progress(run.pk, 0.9, "late", sender=run.node)
+    jobs.record_stage_finished(run.pk, True, {"late": True}, "", "", sender=run.node)
     job.refresh_from_db()
     run.refresh_from_db()
     assert (job.status, run.status, run.result) == ("cancelled", "cancelled", None)
@@ -138,34 +138,26 @@ def test_the_sweep_leaves_a_node_with_a_recent_heartbeat_alone(node, settings):
 
 def test_a_heartbeat_brings_an_offline_node_back(node):
     Node.objects.filter(pk=node.pk).update(status="offline")
-    assert clusters.record_heartbeat(node.queue_name)
+    clusters.record_heartbeat(node)
     assert Node.objects.get(pk=node.pk).status == "online"
-    assert not clusters.record_heartbeat("no.such.queue")
 
 
 def test_registration_creates_the_node_and_keeps_its_device_list_current(cluster):
     devices = [{"index": 0, "kind": "cpu", "name": "EPYC", "memory_bytes": 10},
                {"index": 0, "kind": "cuda", "name": "H100", "memory_bytes": 80 * 2**30}]
-    node = clusters.register_node("alpha/h100-pod", "gpu-09", "q9", {"cpu_model": "EPYC"}, devices)
+    node = clusters.register_node(cluster, "gpu-09", {"cpu_model": "EPYC"}, devices)
     assert sorted(node.devices.values_list("kind", flat=True)) == ["cpu", "cuda"]
-    clusters.register_node("alpha/h100-pod", "gpu-09", "q9", {}, devices[:1])
+    clusters.register_node(cluster, "gpu-09", {}, devices[:1], node=node)
     assert list(node.devices.values_list("kind", flat=True)) == ["cpu"]
-    assert Node.objects.get(hostname="gpu-09").status == "online"
+    node = Node.objects.get(hostname="gpu-09")
+    assert node.status == "online"
+    assert node.queue_name == "d0.node.alpha.h100-pod.gpu-09"  # named by the control plane, not by the node
 
 
 def test_registration_keeps_a_draining_node_draining(node):
     Node.objects.filter(pk=node.pk).update(status="draining")
-    clusters.register_node("alpha/h100-pod", "gpu-01", node.queue_name, {}, [])
+    clusters.register_node(node.cluster, "gpu-01", {}, [], node=Node.objects.get(pk=node.pk))
     assert Node.objects.get(pk=node.pk).status == "draining"
-
-
-def test_a_bare_cluster_name_must_be_unambiguous(cluster, other_team):
-    assert clusters.resolve_cluster("h100-pod") == cluster
-    other_team.clusters.create(name="h100-pod")
-    with pytest.raises(ValidationError, match="matches several clusters"):
-        clusters.resolve_cluster("h100-pod")
-    with pytest.raises(ValidationError, match="matches no cluster"):
-        clusters.resolve_cluster("alpha/missing")
 
 
 def test_status_changes_are_conditional(job):
@@ -198,7 +190,7 @@ def test_a_result_that_cannot_be_stored_fails_the_job_instead_of_leaving_it_runn
     jobs.dispatch_job(job.pk)
     run = job.stage_runs.get()
     jobs.record_stage_finished(run.pk, True, {"verdict": "pass", "measurements": {"per_device": [
-        {"device": "not-a-label"}]}}, "", "")
+        {"device": "not-a-label"}]}}, "", "", sender=run.node)
     job.refresh_from_db()
     assert job.status == "failed"
     assert job.error.startswith("Stage env_check on gpu-01 finished, but its result could not be stored: ValueError")

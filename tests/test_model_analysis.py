@@ -335,10 +335,12 @@ def test_rope_variants_and_legacy_type_keys_are_reported(rope_scaling, kind, leg
     ({**config("llama-3.1-8b"), "num_key_value_heads": 7}, "key/value heads"),
     ({**config("gpt-oss-20b"), "layer_types": ["full_attention"] * 3}, "one entry per layer"),
     ({**config("deepseek-v3"), "num_experts_per_tok": 300}, "experts per token"),
-    ({**config("llama-3.1-8b"), "hidden_size": 2**17, "intermediate_size": 2**21, "num_hidden_layers": 2048},
+    ({**config("deepseek-v3"), "num_hidden_layers": 512, "n_routed_experts": 2048}, "expert MLPs; d0 analyses up to"),
+    ({**config("mixtral-8x7b-v0.1"), "hidden_size": 2**17, "intermediate_size": 2**21, "num_hidden_layers": 512},
      "parameters"),
 ], ids=["missing-hidden-size", "list", "string", "billion-layers", "trillion-vocab", "negative", "bool",
-        "heads-not-shared-evenly", "short-layer-types", "top-k-above-experts", "quadrillion-parameters"])
+        "heads-not-shared-evenly", "short-layer-types", "top-k-above-experts", "a-million-expert-mlps",
+        "quadrillion-parameters"])
 def test_bad_configs_are_refused_quickly_with_the_reason(raw, reason):
     started = time.perf_counter()
     with pytest.raises(ConfigError, match=reason):

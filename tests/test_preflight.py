@@ -34,8 +34,8 @@ def run_job(cluster, owner, stage, capture, result=None):
         jobs.dispatch_job(job.pk)
     if result is not None:
         for run in job.stage_runs.all():
-            jobs.record_stage_started(run.pk)
-            jobs.record_stage_finished(run.pk, True, result, "", "")
+            jobs.record_stage_started(run.pk, sender=run.node)
+            jobs.record_stage_finished(run.pk, True, result, "", "", sender=run.node)
     job.refresh_from_db()
     return job
 
@@ -91,7 +91,7 @@ def test_the_gate_refuses_a_node_never_checked_or_checked_too_long_ago(cluster, 
 
 def test_the_gate_lets_a_recently_passed_node_through_and_skips_a_refused_one(
         cluster, owner, node, broker, gated_probe, report_expecting_eight, django_capture_on_commit_callbacks):
-    other = clusters.register_node("alpha/h100-pod", "gpu-02", "q2", {}, [])
+    other = clusters.register_node(cluster, "gpu-02", {}, [])
     run_job(cluster, owner, "env_check", django_capture_on_commit_callbacks, {**report_expecting_eight,
                                                                              "verdict": "warn"})
     EnvReport.objects.filter(node=other).update(verdict="fail")

@@ -17,7 +17,7 @@ from django.utils import timezone
 from adaptation.models import AdaptationJob, EnvReport, ModelSpec, Node, StageRun
 from tests.harness import wait_for
 from tests.test_query_counts import queries_for
-from tests.test_workers import job_status, node_online, stack  # noqa: F401 - the same real-worker fixture
+from tests.conftest import job_status, node_online
 from workers.engine.sharding import run_sharded
 
 CATALOG = Path(__file__).resolve().parents[1] / "adaptation" / "intake" / "catalog" / "configs"
@@ -45,7 +45,7 @@ def passing_env_check(node: Node) -> EnvReport:
     return EnvReport.objects.create(node=node, job=job, stage_run=run, verdict="pass", report={"checks": []})
 
 
-def start_gated_node(stack, hostname: str) -> Node:  # noqa: F811 - the fixture's value, passed on
+def start_gated_node(stack, hostname: str) -> Node:
     stack.start_node("alpha/h100-pod", hostname)
     node = wait_for(node_online(hostname), 60, f"{hostname} to register")
     passing_env_check(node)
@@ -84,7 +84,7 @@ LAYOUTS = [
 
 @through_workers
 def test_each_layout_runs_as_a_celery_job_on_two_cpu_processes_and_matches_the_reference(
-        stack, cluster, team, owner, member, member_api):  # noqa: F811
+        stack, cluster, team, owner, member, member_api):
     start_gated_node(stack, "shard-node")
     specs = {slug: model(team, owner, slug) for slug in dict(LAYOUTS)}
     figures = []
@@ -115,7 +115,7 @@ def test_each_layout_runs_as_a_celery_job_on_two_cpu_processes_and_matches_the_r
 
 @through_workers
 def test_two_node_workers_form_one_world_with_one_rank_each_and_match_the_reference(
-        stack, cluster, team, owner, member, member_api):  # noqa: F811
+        stack, cluster, team, owner, member, member_api):
     for hostname in ("shard-a", "shard-b"):
         start_gated_node(stack, hostname)
     spec = model(team, owner, "llama-3.2-1b")
@@ -154,7 +154,7 @@ def sharding_processes_under(pid: int) -> list[psutil.Process]:
 
 @through_workers
 def test_a_killed_rank_fails_the_job_naming_the_rank_and_leaves_no_rank_processes(
-        stack, cluster, team, owner, member, member_api):  # noqa: F811
+        stack, cluster, team, owner, member, member_api):
     start_gated_node(stack, "shard-kill")
     node_worker = psutil.Process(stack.running["node-shard-kill"].pid)
     spec = model(team, owner, "llama-3.2-1b")

@@ -179,5 +179,5 @@ def test_the_cli_prints_the_report_as_json_without_django():
 
 
 def test_the_shard_stage_refuses_an_unknown_parameter_before_starting_ranks():
-    with pytest.raises(ValueError, match="unknown sharded_run parameters: tensor_parallel"):
+    with pytest.raises(ValueError, match="tensor_parallel: sharded_run takes no such parameter; it takes: tp, pp"):
         shard_stage({"config": load("llama-3.1-8b.json"), "tensor_parallel": 2}, lambda fraction, message: None)

@@ -358,7 +358,7 @@ def test_the_cli_prints_the_report_as_json_without_django(tmp_path):
 
 
 def test_the_stage_rejects_unknown_parameters_and_a_missing_config():
-    with pytest.raises(ValueError, match="unknown sweep parameters"):
+    with pytest.raises(ValueError, match="grdi: sweep takes no such parameter; it takes: grid, workload"):
         sweep_stage({"config": QWEN3, "grdi": {}}, lambda fraction, message: None)
     with pytest.raises(ValueError, match="config"):
         sweep_stage({"grid": {}}, lambda fraction, message: None)

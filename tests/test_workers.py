@@ -1,48 +1,13 @@
 """Jobs through real Celery workers on real Redis and PostgreSQL: a control-plane worker and node workers."""
 
-import os
-
 import pytest
-from django.db import connection
 from django.utils import timezone
 
-from adaptation.models import AdaptationJob, Node
-from tests.harness import WorkerStack, wait_for
+from adaptation.models import Node
+from tests.conftest import job_status, node_online
+from tests.harness import wait_for
 
 pytestmark = [pytest.mark.workers, pytest.mark.django_db(transaction=True)]
-
-
-def database_url() -> str:
-    """The test database, as the worker processes must reach it."""
-    db = connection.settings_dict
-    credentials = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
-    return f"postgresql://{credentials}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
-@pytest.fixture
-def stack(tmp_path, monkeypatch, settings):
-    if connection.vendor != "postgresql" or not os.environ.get("REDIS_URL"):
-        pytest.skip("needs DATABASE_URL (PostgreSQL) and REDIS_URL, as scripts/test.sh sets")
-    stack = WorkerStack(tmp_path, database_url(), os.environ["REDIS_URL"],
-                        D0_NODE_TIMEOUT=4, D0_SWEEP_INTERVAL=1)
-    # This process enqueues jobs too: it must use the stack's queue names.
-    monkeypatch.setenv("D0_CONTROL_QUEUE", stack.control_queue)
-    stack.start_control()
-    try:
-        yield stack
-    except BaseException:
-        print(stack.logs())
-        raise
-    finally:
-        stack.stop_all()
-
-
-def node_online(hostname):
-    return lambda: Node.objects.filter(hostname=hostname, status="online").first()
-
-
-def job_status(job_id, *statuses):
-    return lambda: AdaptationJob.objects.filter(pk=job_id, status__in=statuses).first()
 
 
 def test_a_job_submitted_through_the_api_runs_on_a_real_node_worker(stack, cluster, member_api):

@@ -49,13 +49,14 @@ def test_the_run_command_serves_d0_and_runs_a_job_with_no_external_services(tmp_
     up = processes.start("up", [sys.executable, "manage.py", "up", "--bind", base.removeprefix("http://"),
                                 "--web-workers", "1"], env)
     try:
-        status = wait_for(quietly(lambda: all((s := call(f"{base}/api/status/"))["workers"].values()) and s), 120,
-                          "web, control worker and node worker to come up")
-        assert status == {"database": "ok", "broker": "ok", "workers": {"control": 1, "node": 1}}
+        wait_for(quietly(lambda: call(f"{base}/api/status/") == {"status": "up"}), 120, "the web server")
         username, password = (tmp_path / "var" / "demo-credentials.txt").read_text().split()
         request = urllib.request.Request(f"{base}/api/token/", data=f"username={username}&password={password}".encode())
         with urllib.request.urlopen(request, timeout=10) as response:
             token = json.load(response)["token"]
+        status = wait_for(quietly(lambda: all((s := call(f"{base}/api/status/", token=token))["workers"].values())
+                                  and s), 120, "the control worker and the node worker to come up")
+        assert status == {"status": "up", "database": "ok", "broker": "ok", "workers": {"control": 1, "node": 1}}
         cluster = call(f"{base}/api/clusters/", token=token)["results"][0]
         assert (cluster["name"], cluster["join_name"], cluster["nodes_online"]) == ("local", "demo/local", 1)
 

@@ -2,15 +2,17 @@
 ``adaptation.clusters``).
 
 They run in the Django-side worker (``celery -A d0web worker -Q d0.control``). Node workers send the
-``STAGE_*`` and ``NODE_*`` messages by name (see workers/protocol.py); nodes never touch the database.
+``STAGE_*`` and ``NODE_*`` messages by name (see workers/protocol.py), each signed with the node's own key
+(workers/signing.py); ``adaptation.clusters.trust`` checks who sent a message before anything in it is applied,
+and drops and counts what it cannot trust. Nodes never touch the database.
 """
 
 import traceback
 
 from celery import shared_task
-from django.core.exceptions import ValidationError
 
 from adaptation.clusters import services as clusters
+from adaptation.clusters import trust
 from adaptation.jobs import services as jobs
 from adaptation.models import AdaptationJob
 
@@ -31,40 +33,56 @@ def dispatch_job(job_id: int) -> None:
 
 
 @shared_task(name=protocol.REGISTER_NODE)
-def register_node(cluster_ref: str, hostname: str, queue_name: str, host_facts: dict, devices: list) -> None:
-    try:
-        clusters.register_node(cluster_ref, hostname, queue_name, host_facts, devices)
-    except ValidationError as error:
-        # Not retried: a wrong cluster name does not fix itself. The node's log points at the join command.
-        clusters.logger.error("node %s could not register: %s", hostname, "; ".join(error.messages))
+def register_node(*message) -> None:
+    trust.register(message)
 
 
-@shared_task(name=protocol.NODE_HEARTBEAT)
-def node_heartbeat(queue_name: str) -> None:
-    clusters.record_heartbeat(queue_name)
+@shared_task(name=protocol.NODE_HEARTBEAT, bind=True, max_retries=2)
+def node_heartbeat(self, *message) -> None:
+    def again():
+        if self.request.retries < self.max_retries:
+            raise self.retry(countdown=1)  # Retry is an exception: nothing is recorded this time
+
+    sender = trust.accept(protocol.NODE_HEARTBEAT, message, unknown_key_again=again)
+    if sender and trust.newest(sender, protocol.NODE_HEARTBEAT):
+        clusters.record_heartbeat(sender.node)
 
 
 @shared_task(name=protocol.NODE_LEAVING)
-def node_leaving(queue_name: str) -> None:
-    jobs.node_left(queue_name)
+def node_leaving(*message) -> None:
+    sender = trust.accept(protocol.NODE_LEAVING, message)
+    if sender and trust.newest(sender, protocol.NODE_LEAVING):
+        jobs.node_left(sender.node)
+
+
+def _report(task: str, message, apply, arity: int) -> None:
+    sender = trust.accept(task, message)
+    if sender is None:
+        return
+    if len(sender.args) != arity:
+        trust.record_rejection(task, f"takes {arity} arguments, not {len(sender.args)}", sender.node.cluster,
+                               f"from {sender.node.hostname}")
+        return
+    apply(*sender.args, sender=sender.node)
 
 
 @shared_task(name=protocol.STAGE_STARTED)
-def stage_started(stage_run_id: int) -> None:
-    jobs.record_stage_started(stage_run_id)
+def stage_started(*message) -> None:
+    _report(protocol.STAGE_STARTED, message, jobs.record_stage_started, 1)
 
 
 @shared_task(name=protocol.STAGE_PROGRESS)
-def stage_progress(stage_run_id: int, fraction: float, message: str) -> None:
-    jobs.record_stage_progress(stage_run_id, fraction, message)
+def stage_progress(*message) -> None:
+    _report(protocol.STAGE_PROGRESS, message, jobs.record_stage_progress, 3)
 
 
 @shared_task(name=protocol.STAGE_FINISHED)
-def stage_finished(stage_run_id: int, ok: bool, result, error: str, traceback: str) -> None:
-    jobs.record_stage_finished(stage_run_id, ok, result, error, traceback)
+def stage_finished(*message) -> None:
+    _report(protocol.STAGE_FINISHED, message, jobs.record_stage_finished, 5)
 
 
-@shared_task(name=protocol.SWEEP_NODES)
-def sweep_nodes() -> list:
+@shared_task(name=protocol.SWEEP_NODES, bind=True)
+def sweep_nodes(self) -> list:
+    clusters.control_worker_seen(self.request.hostname or "control")
     jobs.sweep_stuck_stage_runs()
     return jobs.sweep_nodes()

@@ -1,11 +1,13 @@
 """The node worker: runs engine stages for one node and reports back over the broker. No Django, no database.
 
-Join a node to a cluster with one command (the cluster page shows it with the right names)::
+Join a node to a cluster with one command (the cluster page shows it with the right names and a fresh token)::
 
-    python -m workers.node --broker redis://control-plane:6379/0 --cluster my-team/my-cluster
+    D0_JOIN_TOKEN=abcd1234.0123… python -m workers.node --broker redis://control-plane:6379/0 --cluster team/cluster
 
-On start the worker registers the node (hostname, host facts, devices) and then sends a heartbeat every
-``--heartbeat`` seconds; it consumes only its own queue, so the control plane addresses nodes one by one.
+At its first start the worker makes the node's own key pair in ``--state-dir`` and registers the node (hostname,
+host facts, devices, public key) with a proof of the join token; from then on every message it sends is signed
+with that key (workers/signing.py), and a restart needs no token. It sends a heartbeat every ``--heartbeat``
+seconds, consumes only its own queue, and answers no remote-control command but ``revoke``.
 """
 
 from __future__ import annotations
@@ -19,13 +21,15 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 
 from celery import Celery, signals
 from celery.exceptions import SoftTimeLimitExceeded
 
-from . import protocol
+from . import protocol, signing
 from .engine.envcheck.probe import probe_devices, probe_host
 from .engine.stages import run_stage as run_engine_stage
+from .remote_control import NODE_COMMANDS, allow_only
 
 logger = logging.getLogger("d0.node")
 
@@ -43,18 +47,32 @@ class Identity:
     hostname: str = ""
     queue: str = ""
     heartbeat_interval: float = 10.0
+    key: signing.NodeKey | None = None
+    join_token: str = ""
+    data_roots: tuple[str, ...] = ()  # folders stage parameters may name (checkpoints); none: no path parameter
 
 
 identity = Identity()
 _stop_heartbeat = threading.Event()
 
 
-def configure(broker_url: str, cluster_ref: str, hostname: str, heartbeat_interval: float) -> None:
+def key_path(state_dir: Path, cluster_ref: str, hostname: str) -> Path:
+    """One key per cluster and hostname, so one machine can run nodes of several clusters."""
+    return state_dir / f"{protocol.node_queue(cluster_ref, hostname)}.key"
+
+
+def configure(broker_url: str, cluster_ref: str, hostname: str, heartbeat_interval: float, *,
+              state_dir: Path, join_token: str = "") -> None:
     url, transport_options = protocol.broker_settings(broker_url)
     identity.cluster_ref = cluster_ref
     identity.hostname = hostname
     identity.queue = protocol.node_queue(cluster_ref, hostname)
     identity.heartbeat_interval = heartbeat_interval
+    identity.key, created = signing.NodeKey.load_or_create(key_path(state_dir, cluster_ref, hostname))
+    identity.join_token = join_token
+    if created and not join_token:
+        logger.warning("this node has no key registered yet and no join token was given (--token or "
+                       "$D0_JOIN_TOKEN): the control plane will refuse it")
     app.conf.update(
         broker_url=url,
         broker_transport_options=transport_options,
@@ -72,7 +90,22 @@ def configure(broker_url: str, cluster_ref: str, hostname: str, heartbeat_interv
 
 
 def report(task_name: str, *args, expires: float | None = None, connection=None) -> None:
-    app.send_task(task_name, args=list(args), queue=protocol.control_queue(), expires=expires, connection=connection)
+    """Send a message to the control plane, signed with this node's key."""
+    app.send_task(task_name, args=identity.key.message(task_name, list(args)), queue=protocol.control_queue(),
+                  expires=expires, connection=connection)
+
+
+def registration(host: dict, devices: list[dict]) -> list[str]:
+    """The registration's arguments: [payload, signature, token id, token proof]. The token's secret is never
+    sent: it keys an HMAC of the payload, which the control plane checks against the token it keeps."""
+    payload = signing.encode_payload({"task": protocol.REGISTER_NODE, "ts": time.time(),
+                                      "cluster": identity.cluster_ref, "hostname": identity.hostname,
+                                      "public_key": identity.key.public_key, "host_facts": host, "devices": devices})
+    token_id = proof = ""
+    if identity.join_token:
+        token_id, secret = signing.split_join_token(identity.join_token)
+        proof = signing.token_proof(signing.token_key(secret), payload)
+    return [payload, identity.key.sign(payload), token_id, proof]
 
 
 @app.task(name=protocol.RUN_STAGE)
@@ -88,7 +121,7 @@ def run_stage(stage_run_id: int, kind: str, params: dict) -> None:
             report(protocol.STAGE_PROGRESS, stage_run_id, float(fraction), str(message))
 
     try:
-        result = run_engine_stage(kind, params or {}, progress)
+        result = run_engine_stage(kind, params or {}, progress, data_roots=identity.data_roots)
     except SoftTimeLimitExceeded:
         report(protocol.STAGE_FINISHED, stage_run_id, False, None,
                f"stage {kind} ran past its time limit ({STAGE_SOFT_TIME_LIMIT}s)", traceback.format_exc())
@@ -105,8 +138,7 @@ def _heartbeat_loop() -> None:
         while not _stop_heartbeat.wait(identity.heartbeat_interval):
             try:
                 # Expires: a heartbeat that waited in the broker longer than an interval proves nothing.
-                report(protocol.NODE_HEARTBEAT, identity.queue, expires=identity.heartbeat_interval * 2,
-                       connection=connection)
+                report(protocol.NODE_HEARTBEAT, expires=identity.heartbeat_interval * 2, connection=connection)
             except Exception:  # noqa: BLE001 - a broker blip must not kill the heartbeat thread
                 logger.exception("heartbeat failed; retrying in %ss", identity.heartbeat_interval)
 
@@ -117,10 +149,12 @@ def _register_and_beat(sender=None, **kwargs) -> None:
         return
     host = probe_host()
     host["node_name"] = identity.hostname
-    report(protocol.REGISTER_NODE, identity.cluster_ref, identity.hostname, identity.queue, host, probe_devices(host))
+    host["data_roots"] = list(identity.data_roots)  # so a job naming a path elsewhere is refused at submit
+    app.send_task(protocol.REGISTER_NODE, args=registration(host, probe_devices(host)),
+                  queue=protocol.control_queue())
     threading.Thread(target=_heartbeat_loop, name="d0-heartbeat", daemon=True).start()
-    logger.info("node %s registered with cluster %s on queue %s", identity.hostname, identity.cluster_ref,
-                identity.queue)
+    logger.info("node %s (key %s) sent its registration to cluster %s; it consumes queue %s", identity.hostname,
+                identity.key.key_id, identity.cluster_ref, identity.queue)
 
 
 @signals.worker_shutting_down.connect
@@ -129,7 +163,7 @@ def _leave(**kwargs) -> None:
         return
     _stop_heartbeat.set()
     try:
-        report(protocol.NODE_LEAVING, identity.queue)
+        report(protocol.NODE_LEAVING)
     except Exception:  # noqa: BLE001 - shutting down anyway; the heartbeat timeout covers it
         logger.exception("could not tell the control plane that this node leaves")
 
@@ -148,13 +182,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--address", default=os.environ.get("D0_NODE_ADDRESS"),
                         help="address other nodes reach this one at, for multi-node sharded runs "
                              "(default: what the hostname resolves to)")
+    parser.add_argument("--token", default=os.environ.get("D0_JOIN_TOKEN", ""),
+                        help="the cluster's join token, needed at the node's first start only (default: "
+                             "$D0_JOIN_TOKEN; the environment keeps it out of the process list)")
+    parser.add_argument("--state-dir", type=Path,
+                        default=Path(os.environ.get("D0_NODE_STATE_DIR") or Path.home() / ".local/state/d0-node"),
+                        help="where the node keeps its private key (default: $D0_NODE_STATE_DIR or "
+                             "~/.local/state/d0-node)")
+    parser.add_argument("--data-root", action="append", dest="data_roots", metavar="DIR",
+                        default=[root for root in os.environ.get("D0_NODE_DATA_ROOTS", "").split(os.pathsep) if root],
+                        help="a folder whose files stage parameters may name (e.g. checkpoints); repeat for more "
+                             "(default: $D0_NODE_DATA_ROOTS, separated by ':'; none: path parameters are refused)")
     parser.add_argument("--loglevel", default="info")
     args = parser.parse_args(argv)
     if not args.broker:
         parser.error("no broker: pass --broker redis://HOST:6379/0 or set D0_BROKER_URL")
+    team, slash, cluster = args.cluster.partition("/")
+    if not (team and slash and cluster) or "/" in cluster:
+        parser.error(f"--cluster takes the cluster's join name, <team>/<cluster>, not {args.cluster!r}")
+    if args.token:
+        try:
+            signing.split_join_token(args.token)
+        except ValueError as error:
+            parser.error(f"--token: {error}")
     if args.address:
         os.environ["D0_NODE_ADDRESS"] = args.address  # read by the probe the registration sends
-    configure(args.broker, args.cluster, args.hostname, args.heartbeat)
+    configure(args.broker, args.cluster, args.hostname, args.heartbeat, state_dir=args.state_dir,
+              join_token=args.token)
+    identity.data_roots = tuple(os.path.realpath(root) for root in args.data_roots)
+    allow_only(NODE_COMMANDS)
     app.worker_main([
         "worker",
         "--queues", identity.queue,

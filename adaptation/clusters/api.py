@@ -1,17 +1,18 @@
 """Clusters (team admins write), nodes, devices, links and env-check reports: ``/api/clusters/`` (with
-``topology``), ``/api/nodes/``, ``/api/devices/``, ``/api/links/``, ``/api/env-reports/``."""
+``topology``), ``/api/join-tokens/`` (with ``revoke``), ``/api/nodes/``, ``/api/devices/``, ``/api/links/``,
+``/api/env-reports/``."""
 
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins, serializers
+from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
 from .. import filtersets
-from ..api.base import TeamField, TeamScopedViewSet, ValidatedModelSerializer
-from ..models import Cluster, Device, EnvReport, Link, Node
+from ..api.base import TeamField, TeamScopedRelatedField, TeamScopedViewSet, ValidatedModelSerializer
+from ..models import Cluster, Device, EnvReport, JoinToken, Link, Node
 from ..teams.services import is_team_admin
-from . import services
+from . import services, trust
 
 
 class ClusterSerializer(ValidatedModelSerializer):
@@ -72,6 +73,61 @@ class EnvReportListSerializer(EnvReportSerializer):
     class Meta(EnvReportSerializer.Meta):
         fields = ["id", "node", "hostname", "cluster", "job", "stage_run", "created", "verdict", "checks"]
         read_only_fields = fields
+
+
+class JoinTokenSerializer(serializers.ModelSerializer):
+    cluster = TeamScopedRelatedField(queryset=Cluster.objects.all())
+    hours = serializers.FloatField(write_only=True, min_value=0.1, max_value=24 * 30, required=False,
+                                   help_text="How long it lets nodes join (default D0_JOIN_TOKEN_HOURS, 24).")
+    token = serializers.CharField(read_only=True, help_text="The whole token: in the create response only.")
+    join_command = serializers.CharField(read_only=True, help_text="In the create response only.")
+    created_by = serializers.StringRelatedField(read_only=True)
+
+    class Meta:
+        model = JoinToken
+        fields = ["id", "cluster", "token_id", "description", "hours", "created", "created_by", "expires", "revoked",
+                  "uses", "last_used", "token", "join_command"]
+        read_only_fields = ["token_id", "created", "expires", "revoked", "uses", "last_used"]
+
+
+class JoinTokenViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                       TeamScopedViewSet):
+    """Join tokens of your clusters. A team admin makes one (the response carries the whole token, this once) and
+    revokes it; a node presents it at its first registration only."""
+
+    queryset = JoinToken.objects.all()
+    serializer_class = JoinTokenSerializer
+    filterset_fields = ["cluster"]
+    ordering = ["-created"]
+    select_related = ("cluster__team", "created_by")
+
+    def _require_admin(self, cluster):
+        if not is_team_admin(self.request.user, cluster.team):
+            raise PermissionDenied(f"Only an admin of team {cluster.team} can manage its join tokens.")
+
+    def create(self, request, *args, **kwargs):
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        cluster = serializer.validated_data["cluster"]
+        self._require_admin(cluster)
+        token, whole = trust.create_join_token(cluster, request.user, hours=serializer.validated_data.get("hours"),
+                                               description=serializer.validated_data.get("description", ""))
+        data = JoinTokenSerializer(token, context=self.get_serializer_context()).data
+        data["token"] = whole
+        data["join_command"] = (f"D0_JOIN_TOKEN={whole} python -m workers.node --broker redis://CONTROL-PLANE:6379/0 "
+                                f"--cluster {cluster.join_name}")
+        response = Response(data, status=status.HTTP_201_CREATED)
+        response["Cache-Control"] = "no-store"
+        return response
+
+    @extend_schema(request=None, responses={200: JoinTokenSerializer})
+    @action(detail=True, methods=["post"])
+    def revoke(self, request, pk=None):
+        token = self.get_object()
+        self._require_admin(token.cluster)
+        trust.revoke_join_token(token)
+        token.refresh_from_db()
+        return Response(JoinTokenSerializer(token, context=self.get_serializer_context()).data)
 
 
 class ClusterViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,

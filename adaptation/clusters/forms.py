@@ -1,6 +1,5 @@
 from django import forms
 
-from ..choices import TeamRole
 from ..models import Cluster, Team
 from ..teams.forms import TeamChoiceMixin
 
@@ -12,4 +11,9 @@ class ClusterForm(TeamChoiceMixin, forms.ModelForm):
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
-        self.scope(user, teams=Team.objects.for_user(user).filter(memberships__role=TeamRole.ADMIN))
+        self.scope(user, teams=Team.objects.administered_by(user))
+
+
+class JoinTokenForm(forms.Form):
+    hours = forms.FloatField(min_value=0.1, max_value=24 * 30, initial=24, label="Valid for (hours)")
+    description = forms.CharField(max_length=200, required=False, help_text="Which machines it is for.")

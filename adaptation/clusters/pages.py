@@ -12,12 +12,35 @@ from django.views.decorators.http import require_POST
 from ..jobs import services as jobs
 from ..models import Cluster, Device, EnvReport
 from ..teams.services import is_team_admin
-from . import services
-from .forms import ClusterForm
+from . import services, trust
+from .forms import ClusterForm, JoinTokenForm
 
 
 def _cluster_for(request, pk):
     return get_object_or_404(Cluster.objects.for_user(request.user).select_related("team"), pk=pk)
+
+
+def _admin_cluster_for(request, pk):
+    cluster = _cluster_for(request, pk)
+    if not is_team_admin(request.user, cluster.team):
+        raise PermissionDenied(f"Only an admin of team {cluster.team} can manage its join tokens.")
+    return cluster
+
+
+def _detail(request, cluster, **extra):
+    is_admin = is_team_admin(request.user, cluster.team)
+    nodes = cluster.nodes.prefetch_related(Prefetch("devices", queryset=Device.objects.order_by("kind", "index")))
+    return render(request, "adaptation/clusters/detail.html", {
+        "cluster": cluster,
+        "nodes": nodes,
+        "jobs": jobs.job_rows(request.user).filter(cluster=cluster)[:10],
+        "is_admin": is_admin,
+        "heartbeat_timeout": settings.D0_NODE_TIMEOUT,
+        "join_tokens": cluster.join_tokens.select_related("created_by")[:20] if is_admin else [],
+        "token_form": extra.pop("token_form", None) or JoinTokenForm(),
+        "rejected": services.rejected_messages(cluster),
+        **extra,
+    })
 
 
 @login_required
@@ -28,15 +51,33 @@ def cluster_list(request):
 
 @login_required
 def cluster_detail(request, pk):
-    cluster = _cluster_for(request, pk)
-    nodes = cluster.nodes.prefetch_related(Prefetch("devices", queryset=Device.objects.order_by("kind", "index")))
-    return render(request, "adaptation/clusters/detail.html", {
-        "cluster": cluster,
-        "nodes": nodes,
-        "jobs": jobs.job_rows(request.user).filter(cluster=cluster)[:10],
-        "is_admin": is_team_admin(request.user, cluster.team),
-        "heartbeat_timeout": settings.D0_NODE_TIMEOUT,
-    })
+    return _detail(request, _cluster_for(request, pk))
+
+
+@login_required
+@require_POST
+def join_token_create(request, pk):
+    """Make a join token and show the join command with it, this once: the page is not kept by any cache, and the
+    token is not put in a redirect's session message."""
+    cluster = _admin_cluster_for(request, pk)
+    form = JoinTokenForm(request.POST)
+    if not form.is_valid():
+        return _detail(request, cluster, token_form=form)
+    token, whole = trust.create_join_token(cluster, request.user, hours=form.cleaned_data["hours"],
+                                           description=form.cleaned_data["description"])
+    response = _detail(request, cluster, new_token=token, new_token_value=whole)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@login_required
+@require_POST
+def join_token_revoke(request, pk, token_pk):
+    cluster = _admin_cluster_for(request, pk)
+    token = get_object_or_404(cluster.join_tokens, pk=token_pk)
+    if trust.revoke_join_token(token):
+        messages.success(request, f"Join token {token.token_id} revoked: no new node can join with it.")
+    return redirect("cluster-detail", pk=cluster.pk)
 
 
 @login_required

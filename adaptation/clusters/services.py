@@ -9,16 +9,16 @@ import logging
 from datetime import timedelta
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Count, Prefetch, Q
+from django.db.models import Count, Max, Prefetch, Q, Sum
 from django.utils import timezone
 
+from workers import protocol
 from workers.engine.envcheck.peaks import published_peak
 from workers.engine.stages import STAGES
 
 from ..choices import CheckVerdict, InterconnectKind, NodeStatus
-from ..models import Cluster, Device, EnvReport, Link, Node, StageRun
+from ..models import Cluster, ControlWorker, Device, EnvReport, Link, Node, StageRun
 
 logger = logging.getLogger(__name__)
 
@@ -35,59 +35,69 @@ def clusters_with_counts(user):
     return with_node_counts(Cluster.objects.for_user(user).select_related("team"))
 
 
+def rejected_messages(cluster: Cluster) -> list[dict]:
+    """The node messages dropped for this cluster, by message kind and reason, most recent first."""
+    return list(cluster.rejected_messages.values("task", "reason").annotate(
+        count=Sum("count"), last_seen=Max("last_seen"), detail=Max("detail")).order_by("-last_seen"))
+
+
+# --- liveness -------------------------------------------------------------------------------------------
+
+
+def control_worker_seen(name: str) -> None:
+    ControlWorker.objects.update_or_create(name=name[:255], defaults={"last_seen": timezone.now()})
+
+
+def live_workers(user) -> dict:
+    """Control-plane workers that ran the liveness sweep lately, and the user's teams' online nodes: health from
+    the state heartbeats keep, not from a broadcast to every worker on the broker."""
+    recent = timezone.now() - timedelta(seconds=3 * settings.D0_SWEEP_INTERVAL + 5)
+    return {"control": ControlWorker.objects.filter(last_seen__gte=recent).count(),
+            "node": Node.objects.for_user(user).filter(status=NodeStatus.ONLINE).count()}
+
+
 # --- registration and heartbeats ------------------------------------------------------------------------
 
 
-def resolve_cluster(reference: str) -> Cluster:
-    """A cluster from a node's join name: ``team/cluster``, or a bare cluster name that is unique."""
-    team_slug, _, name = reference.rpartition("/")
-    clusters = Cluster.objects.filter(name=name).select_related("team")
-    if team_slug:
-        clusters = clusters.filter(team__slug=team_slug)
-    found = list(clusters[:2])
-    if len(found) != 1:
-        problem = "matches several clusters; use <team>/<cluster>" if found else "matches no cluster"
-        raise ValidationError(f"Cluster reference {reference!r} {problem}.")
-    return found[0]
-
-
-@transaction.atomic
-def register_node(cluster_ref: str, hostname: str, queue_name: str, host_facts: dict, devices: list[dict]) -> Node:
-    cluster = resolve_cluster(cluster_ref)
+def register_node(cluster: Cluster, hostname: str, host_facts: dict, devices: list[dict], *, node: Node | None = None,
+                  public_key: str = "", key_id: str | None = None, signed_ts: float = 0.0) -> Node:
+    """Create or update a node from its registration (``trust.register`` has checked who sent it): online unless
+    draining, its queue named by the control plane, host facts and devices as reported, its key bound."""
     now = timezone.now()
-    node = Node.objects.select_for_update().filter(cluster=cluster, hostname=hostname).first()
     if node is None:
         node = Node(cluster=cluster, hostname=hostname)
     if node.status != NodeStatus.DRAINING:
         node.status = NodeStatus.ONLINE
-    node.queue_name = queue_name
+    node.queue_name = protocol.node_queue(cluster.join_name, hostname)
     node.last_heartbeat = now
     node.host_facts = host_facts
-    node.save()
-    seen = []
-    for reported in devices:
-        device, _ = Device.objects.update_or_create(
-            node=node,
-            kind=reported["kind"],
-            index=reported["index"],
-            defaults={
-                "name": reported.get("name", "")[:255],
-                "memory_bytes": int(reported.get("memory_bytes") or 0),
-                "properties": reported.get("properties") or {},
-            },
-        )
-        seen.append(device.pk)
-    node.devices.exclude(pk__in=seen).delete()
+    if key_id:
+        node.public_key, node.key_id = public_key, key_id
+    node.last_signed_ts = max(node.last_signed_ts, signed_ts)
+    with transaction.atomic():
+        node.save()
+        seen = []
+        for reported in devices:
+            device, _ = Device.objects.update_or_create(
+                node=node,
+                kind=reported["kind"],
+                index=reported["index"],
+                defaults={
+                    "name": reported.get("name", "")[:255],
+                    "memory_bytes": int(reported.get("memory_bytes") or 0),
+                    "properties": reported.get("properties") or {},
+                },
+            )
+            seen.append(device.pk)
+        node.devices.exclude(pk__in=seen).delete()
     logger.info("node %s registered in %s with %d devices", hostname, cluster.join_name, len(seen))
     return node
 
 
-def record_heartbeat(queue_name: str) -> bool:
-    now = timezone.now()
-    if not Node.objects.filter(queue_name=queue_name).update(last_heartbeat=now):
-        return False
-    Node.objects.filter(queue_name=queue_name, status=NodeStatus.OFFLINE).update(status=NodeStatus.ONLINE)
-    return True
+def record_heartbeat(node: Node) -> None:
+    """The node is alive now: an offline node comes back online (a draining one stays draining)."""
+    Node.objects.filter(pk=node.pk).update(last_heartbeat=timezone.now())
+    Node.objects.filter(pk=node.pk, status=NodeStatus.OFFLINE).update(status=NodeStatus.ONLINE)
 
 
 # --- env-check reports ----------------------------------------------------------------------------------

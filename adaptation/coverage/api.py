@@ -3,12 +3,13 @@
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ..api.base import TeamField, TeamScopedViewSet, ValidatedModelSerializer
 from ..models import CoverageReport, ModelSpec, OperatorRecord, VirtualBackend
+from ..teams.services import is_team_admin
 from . import services
 
 
@@ -81,6 +82,11 @@ class VirtualBackendViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixi
 
     def perform_create(self, serializer):
         serializer.save(created_by=self.request.user)
+
+    def perform_destroy(self, instance):
+        if instance.created_by_id != self.request.user.pk and not is_team_admin(self.request.user, instance.team):
+            raise PermissionDenied("Only the backend's uploader or a team admin can delete it.")
+        instance.delete()
 
 
 class CoverageDiffView(APIView):

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from workers.engine.analysis import ConfigError, analyze
+from workers.engine.parameters import MAX_DEPTH, nesting_depth
 
 from ..choices import NodeStatus
 from ..models import Cluster, ModelPlan, ModelSpec
@@ -40,6 +41,8 @@ def read_config_upload(upload) -> dict:
         config = json.loads(raw.decode("utf-8"), parse_constant=_non_finite_as_text)
     except UnicodeDecodeError:
         raise ValidationError("The file is not UTF-8 text; a config.json is JSON text.") from None
+    except RecursionError:
+        raise ValidationError(f"The JSON nests deeper than {MAX_DEPTH} levels; a config.json does not.") from None
     except json.JSONDecodeError as error:
         raise ValidationError(f"Not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}.") from None
     return check_config(config)
@@ -48,6 +51,8 @@ def read_config_upload(upload) -> dict:
 def check_config(config) -> dict:
     if not isinstance(config, dict):
         raise ValidationError(f"A config.json must be a JSON object ({{...}}), not {type(config).__name__}.")
+    if nesting_depth(config) > MAX_DEPTH:
+        raise ValidationError(f"The JSON nests deeper than {MAX_DEPTH} levels; a config.json does not.")
     size = len(json.dumps(config))
     if size > settings.D0_MAX_CONFIG_BYTES:
         raise ValidationError(f"The config is {_mib(size)}; the limit is {_mib(settings.D0_MAX_CONFIG_BYTES)}.")

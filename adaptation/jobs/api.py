@@ -1,10 +1,12 @@
 """Jobs and their stage runs: ``/api/jobs/`` (submit; ``cancel`` and ``retry`` actions) and ``/api/stage-runs/``."""
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
+
+from workers.engine.stages import parameters_json_schema
 
 from .. import filtersets
 from ..api.base import TeamScopedRelatedField, TeamScopedViewSet
@@ -29,11 +31,16 @@ class StageRunListSerializer(StageRunSerializer):
         fields = [name for name in StageRunSerializer.Meta.fields if name not in ("result", "error_traceback")]
 
 
+@extend_schema_field(parameters_json_schema())
+class JobParametersField(serializers.JSONField):
+    """The job's parameters; the schema is made from each stage's declared parameters (workers/engine)."""
+
+
 class JobSerializer(serializers.ModelSerializer):
     cluster = TeamScopedRelatedField(queryset=Cluster.objects.all())
     model = TeamScopedRelatedField(queryset=ModelSpec.objects.all(), required=False, allow_null=True)
     stages = serializers.ListField(child=serializers.ChoiceField(choices=StageKind.choices), allow_empty=False)
-    parameters = serializers.JSONField(required=False, default=dict)
+    parameters = JobParametersField(required=False, default=dict)
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     submitted_by = serializers.StringRelatedField(read_only=True)
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)

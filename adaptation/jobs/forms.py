@@ -16,7 +16,8 @@ class JobForm(TeamChoiceMixin, forms.Form):
                                        initial=[StageKind.values[0]])
     parameters = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), required=False,
                                  help_text='Optional JSON object: {"nodes": ["gpu-01"]} limits the nodes; '
-                                           'per stage, e.g. {"sharded_run": {"tp": 2}}.')
+                                           'per stage, e.g. {"sharded_run": {"tp": 2}} (the table below says what '
+                                           'each stage takes).')
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)

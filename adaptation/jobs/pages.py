@@ -11,6 +11,8 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from workers.engine.stages import describe_parameters
+
 from ..choices import ACTIVE_STATUSES, STATUS_COLOURS
 from ..clusters.services import clusters_with_counts
 from ..filtersets import JobFilterSet
@@ -33,9 +35,6 @@ def dashboard(request):
 def job_list(request):
     jobs = services.job_rows(request.user)
     filterset = JobFilterSet(request.GET or None, queryset=jobs, request=request)
-    for name in ("cluster", "model"):
-        field = filterset.form.fields[name]
-        field.queryset = field.queryset.model.objects.for_user(request.user)
     page = Paginator(filterset.qs, settings.D0_PAGE_SIZE).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
@@ -57,7 +56,8 @@ def job_create(request):
                 form.add_error(field if field in form.fields else None, problems)
         else:
             return redirect("job-detail", pk=job.pk)
-    return render(request, "adaptation/form.html", {"form": form, "title": "Submit a job"})
+    return render(request, "adaptation/form.html", {"form": form, "title": "Submit a job",
+                                                    "stage_parameters": describe_parameters()})
 
 
 def _job_for(request, pk):

@@ -27,6 +27,7 @@ from workers.engine.stages import STAGES
 
 from ..choices import ACTIVE_STATUSES, JobStatus, NodeStatus
 from ..clusters import services as clusters
+from ..clusters import trust
 from ..coverage import services as coverage
 from ..models import AdaptationJob, Cluster, ModelSpec, Node, StageRun
 from ..sharding import services as sharding
@@ -212,9 +213,9 @@ def stage_parameters(job: AdaptationJob, kind: str) -> dict:
         params.setdefault("expected_devices_per_node", job.cluster.expected_devices_per_node)
     if STAGES[kind].needs_model:
         params["config"] = job.model.config
-    if kind == "op_coverage" and params.get("virtual_backends"):
+    if kind == "op_coverage" and "virtual_backends" in params:
         # Ids of the team's virtual backends become the operator lists the node judges against.
-        params["virtual_backends"] = coverage.operator_lists(job.team, params["virtual_backends"])
+        params["virtual_backend_lists"] = coverage.operator_lists(job.team, params.pop("virtual_backends"))
     return params
 
 
@@ -262,25 +263,41 @@ def _update_job_progress(job: AdaptationJob, runs: list[StageRun]) -> None:
 RESULT_STORES = {"env_check": clusters.store_env_check, "op_coverage": coverage.store_op_coverage}
 
 
-def record_stage_started(stage_run_id: int) -> None:
-    run = StageRun.objects.filter(pk=stage_run_id).first()
+def _assigned_run(stage_run_id, sender: Node, task: str, related: tuple = ()) -> StageRun | None:
+    """The stage run a node reports on, if it was assigned to that node; a report on any other is dropped and
+    counted (a node may speak only for its own work)."""
+    known = isinstance(stage_run_id, int)
+    run = StageRun.objects.select_related(*related).filter(pk=stage_run_id).first() if known else None
+    if run is None or run.node_id != sender.pk:
+        trust.record_rejection(task, "stage run not assigned to the sender", sender.cluster,
+                               f"{sender.hostname} about stage run {stage_run_id!r}")
+        return None
+    return run
+
+
+def record_stage_started(stage_run_id: int, *, sender: Node) -> None:
+    run = _assigned_run(stage_run_id, sender, protocol.STAGE_STARTED)
     if run and run.start():
         run.job.append_log(f"stage {run.kind} running on {run.node_name}")
 
 
-def record_stage_progress(stage_run_id: int, fraction: float, message: str) -> None:
-    updated = StageRun.objects.filter(pk=stage_run_id, status=JobStatus.RUNNING).update(
+def record_stage_progress(stage_run_id: int, fraction: float, message: str, *, sender: Node) -> None:
+    run = _assigned_run(stage_run_id, sender, protocol.STAGE_PROGRESS)
+    if run is None:
+        return
+    updated = StageRun.objects.filter(pk=run.pk, status=JobStatus.RUNNING).update(
         progress=min(max(float(fraction), 0.0), 1.0), message=str(message)[:255]
     )
     if updated:
-        job = AdaptationJob.objects.get(stage_runs__pk=stage_run_id)
+        job = AdaptationJob.objects.get(stage_runs__pk=run.pk)
         _update_job_progress(job, list(job.stage_runs.all()))
 
 
-def record_stage_finished(stage_run_id: int, ok: bool, result, error: str, traceback: str) -> None:
-    run = StageRun.objects.select_related("job").filter(pk=stage_run_id).first()
+def record_stage_finished(stage_run_id: int, ok: bool, result, error: str, traceback: str, *, sender: Node) -> None:
+    run = _assigned_run(stage_run_id, sender, protocol.STAGE_FINISHED, related=("job",))
     if run is None:
         return
+    error, traceback = str(error or ""), str(traceback or "")
     moved = run.finish(result=result, message="done") if ok else run.fail(error or "stage failed", traceback)
     if not moved:
         return  # cancelled, or failed by the node sweep: a late report never overwrites that
@@ -312,10 +329,9 @@ def _verdict_note(result) -> str:
 # --- no job left behind ---------------------------------------------------------------------------------
 
 
-def node_left(queue_name: str) -> None:
+def node_left(node: Node) -> None:
     """A node worker shut down cleanly: offline now, rather than after the heartbeat timeout."""
-    for node in Node.objects.filter(queue_name=queue_name, status=NodeStatus.ONLINE):
-        _mark_offline(node, "its worker shut down", Node.objects.filter(pk=node.pk, status=NodeStatus.ONLINE))
+    _mark_offline(node, "its worker shut down", Node.objects.filter(pk=node.pk, status=NodeStatus.ONLINE))
 
 
 def sweep_stuck_stage_runs() -> int:

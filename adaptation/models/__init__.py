@@ -1,5 +1,6 @@
-from .clusters import Cluster, Device, Link, Node
+from .clusters import Cluster, Device, JoinToken, Link, Node, RejectedNodeMessage
 from .coverage import CoverageReport, OperatorRecord, VirtualBackend
+from .health import ControlWorker
 from .jobs import AdaptationJob, StageRun
 from .plans import ModelPlan
 from .reports import EnvReport
@@ -9,15 +10,18 @@ from .teams import Membership, Team
 __all__ = [
     "AdaptationJob",
     "Cluster",
+    "ControlWorker",
     "CoverageReport",
     "Device",
     "EnvReport",
+    "JoinToken",
     "Link",
     "Membership",
     "ModelPlan",
     "ModelSpec",
     "Node",
     "OperatorRecord",
+    "RejectedNodeMessage",
     "StageRun",
     "Team",
     "VirtualBackend",

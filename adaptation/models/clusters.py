@@ -1,5 +1,7 @@
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
+from django.utils import timezone
 
 from ..choices import DeviceKind, InterconnectKind, NodeStatus
 from .teams import Team, TeamOwnedQuerySet
@@ -45,6 +47,13 @@ class Node(models.Model):
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     registered = models.DateTimeField(auto_now_add=True)
     host_facts = models.JSONField(default=dict, blank=True)
+    # The node's Ed25519 public key, bound at its first registration (with a join token); every message the node
+    # sends is signed with the private half, which never leaves the node (workers/signing.py).
+    public_key = models.CharField(max_length=64, blank=True, editable=False)
+    key_id = models.CharField(max_length=32, null=True, blank=True, unique=True, editable=False)
+    # Send time (the node's clock) of the newest registration, heartbeat or leave accepted: an older one is a
+    # replay and is not applied.
+    last_signed_ts = models.FloatField(default=0.0, editable=False)
 
     objects = NodeQuerySet.as_manager()
 
@@ -114,3 +123,67 @@ class Link(models.Model):
         source, target = (self.source_device, self.target_device) if self.source_device_id else (
             self.source_node, self.target_node)
         return f"{self.get_kind_display()}: {source} ↔ {target}"
+
+
+class JoinTokenQuerySet(TeamOwnedQuerySet):
+    team_path = "cluster__team"
+
+    def usable(self):
+        return self.filter(revoked__isnull=True, expires__gt=timezone.now())
+
+
+class JoinToken(models.Model):
+    """A cluster's bootstrap token (kubeadm's idea): a node presents it once, at its first registration, and is
+    bound to its own key from then on. Only the token's id and the SHA-256 of its secret are kept; the whole token
+    is shown once, when a team admin makes it."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="join_tokens")
+    token_id = models.CharField(max_length=16, unique=True)
+    secret_sha256 = models.CharField(max_length=64, editable=False)
+    description = models.CharField(max_length=200, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created = models.DateTimeField(auto_now_add=True)
+    expires = models.DateTimeField()
+    revoked = models.DateTimeField(null=True, blank=True)
+    uses = models.PositiveIntegerField(default=0, help_text="Nodes that joined with it.")
+    last_used = models.DateTimeField(null=True, blank=True)
+
+    objects = JoinTokenQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self):
+        return f"{self.token_id} ({self.cluster})"
+
+    @property
+    def usable(self) -> bool:
+        return self.revoked is None and self.expires > timezone.now()
+
+
+class RejectedNodeMessageQuerySet(TeamOwnedQuerySet):
+    team_path = "cluster__team"
+
+
+class RejectedNodeMessage(models.Model):
+    """Node messages the control plane dropped (unsigned, forged, from the wrong node, replayed), counted per
+    cluster, message kind and reason. ``cluster`` is empty when the message named no cluster d0 knows."""
+
+    cluster = models.ForeignKey(Cluster, null=True, blank=True, on_delete=models.CASCADE,
+                                related_name="rejected_messages")
+    task = models.CharField(max_length=100)
+    reason = models.CharField(max_length=200)
+    count = models.PositiveIntegerField(default=0)
+    first_seen = models.DateTimeField(auto_now_add=True)
+    last_seen = models.DateTimeField(default=timezone.now)
+    detail = models.CharField(max_length=255, blank=True, help_text="What the latest one claimed to be.")
+
+    objects = RejectedNodeMessageQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-last_seen"]
+        indexes = [models.Index(fields=["cluster", "task", "reason"])]
+
+    def __str__(self):
+        return f"{self.task}: {self.reason} ×{self.count}"

@@ -13,7 +13,8 @@ from django.db.models import F, Value
 from django.db.models.functions import Concat
 from django.utils import timezone
 
-from workers.engine.stages import STAGES
+from workers.engine.parameters import ParameterError, under_roots
+from workers.engine.stages import STAGES, check_job_parameters, path_parameters
 
 from ..choices import ACTIVE_STATUSES, TERMINAL_STATUSES, JobStatus, StageKind
 from .clusters import Cluster, Node
@@ -116,20 +117,40 @@ class AdaptationJob(StatusTransitions):
                     errors["model"] = f"Stage(s) {', '.join(needing)} need a model: choose one."
         if not isinstance(self.parameters, dict):
             errors["parameters"] = "Parameters must be a JSON object."
-        elif isinstance(stages, list):
-            misplaced = [key for key, value in self.parameters.items()
-                         if not (key == "nodes" and isinstance(value, list)
-                                 or key in stages and isinstance(value, dict))]
-            if misplaced:
-                errors["parameters"] = (f"Unexpected parameter(s) {', '.join(misplaced)}: give \"nodes\" (a list of "
-                                        f"hostnames) and, per stage, an object under the stage's name, e.g. "
-                                        f"{{\"sharded_run\": {{\"tp\": 2}}}}.")
+        elif isinstance(stages, list) and "stages" not in errors:
+            try:
+                self.parameters = check_job_parameters(stages, self.parameters)
+                self._check_parameters_against_the_cluster()
+            except ParameterError as error:
+                errors["parameters"] = f"{error.key}: {error.message}"
         if self.cluster_id and self.team_id and self.cluster.team_id != self.team_id:
             errors["cluster"] = "That cluster belongs to another team."
         if self.model_id and self.team_id and self.model.team_id != self.team_id:
             errors["model"] = "That model belongs to another team."
         if errors:
             raise ValidationError(errors)
+
+    def _check_parameters_against_the_cluster(self) -> None:
+        """What only the control plane can check: virtual backends are the team's own, and a path parameter lies
+        under a data root some node of the cluster reported (the node checks it again against its own roots)."""
+        from .coverage import VirtualBackend
+
+        ids = (self.parameters.get("op_coverage") or {}).get("virtual_backends") or []
+        if ids and self.team_id:
+            known = set(VirtualBackend.objects.filter(team_id=self.team_id, pk__in=ids).values_list("pk", flat=True))
+            missing = [backend for backend in ids if backend not in known]
+            if missing:
+                raise ParameterError("op_coverage.virtual_backends", f"no virtual backend {missing[0]} in this team")
+        for kind in self.stages:
+            for name in path_parameters(kind):
+                path = (self.parameters.get(kind) or {}).get(name)
+                if path is None or not self.cluster_id:
+                    continue
+                roots = [root for node in self.cluster.nodes.all() for root in node.host_facts.get("data_roots", [])]
+                if not under_roots(path, roots):
+                    raise ParameterError(f"{kind}.{name}", "lies under no data root of this cluster's nodes (" + (
+                        ", ".join(sorted(set(roots))) or "none configured: start node workers with --data-root")
+                        + ")")
 
     def append_log(self, line: str) -> None:
         stamp = timezone.now().strftime("%H:%M:%S")

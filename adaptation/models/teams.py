@@ -8,6 +8,10 @@ class TeamQuerySet(models.QuerySet):
     def for_user(self, user):
         return self.filter(memberships__user=user)
 
+    def administered_by(self, user):
+        """The teams ``user`` is an admin of. One filter() call, so the user and the role are one membership's."""
+        return self.filter(memberships__user=user, memberships__role=TeamRole.ADMIN)
+
 
 class Team(models.Model):
     """Everything in d0 belongs to a team and is invisible to other teams."""

@@ -6,6 +6,8 @@ Metric definitions are vLLM's (see workers/engine/sweep/metrics.py).
 
 from __future__ import annotations
 
+import json
+
 import plotly.graph_objects as go
 
 
@@ -93,7 +95,7 @@ def figures(result: dict) -> dict[str, go.Figure]:
             "predicted": predicted}
 
 
-def chart_html(result: dict) -> dict[str, str]:
-    return {name: figure.to_html(full_html=False, include_plotlyjs=False, div_id=f"chart-{name}",
-                                 config={"displaylogo": False, "responsive": True})
-            for name, figure in figures(result).items()}
+def chart_data(result: dict) -> dict[str, dict]:
+    """Each chart as plotly's JSON (data and layout): the page hands it to ``static/js/sweep_report.js`` through a
+    json_script block, so no inline script is needed (the pages' Content-Security-Policy allows none)."""
+    return {name: json.loads(figure.to_json()) for name, figure in figures(result).items()}

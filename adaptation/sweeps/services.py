@@ -14,9 +14,10 @@ from django.template.loader import render_to_string
 from django.utils.html import escape
 
 from ..models import Node, StageRun
-from .charts import chart_html
+from .charts import chart_data
 
 PLOTLY_JS = Path(settings.BASE_DIR) / "static" / "vendor" / "plotly.min.js"
+REPORT_JS = Path(settings.BASE_DIR) / "static" / "js" / "sweep_report.js"
 CSV_COLUMNS = ["id", "rung", "status", "precision", "batch_size", "page_size", "max_batch_tokens",
                "output_tokens_per_s", "requests_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
                "itl_p50_s", "e2e_p50_s", "e2e_p99_s", "goodput_requests_per_s", "peak_memory_bytes",
@@ -41,6 +42,14 @@ def measured_hardware(node: Node) -> dict | None:
     return hardware
 
 
+def spreadsheet_safe(value):
+    """A cell a spreadsheet shows as text: a string that starts like a formula (=, +, -, @, tab, CR) gets a leading
+    apostrophe (OWASP's CSV injection advice). The strings come from nodes, so they are not trusted."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
+
+
 def trials_csv(result: dict) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
@@ -51,18 +60,19 @@ def trials_csv(result: dict) -> str:
         def pick(name, stat, metrics=metrics):
             return (metrics.get(name) or {}).get(stat)
 
-        writer.writerow([trial.get("id"), trial.get("rung"), trial.get("status"), params.get("precision"),
+        writer.writerow([spreadsheet_safe(cell) for cell in [
+                         trial.get("id"), trial.get("rung"), trial.get("status"), params.get("precision"),
                          params.get("batch_size"), params.get("page_size"), params.get("max_batch_tokens"),
                          metrics.get("output_tokens_per_s"), metrics.get("requests_per_s"), pick("ttft_s", "p50"),
                          pick("ttft_s", "p99"), pick("tpot_s", "p50"), pick("tpot_s", "p99"), pick("itl_s", "p50"),
                          pick("e2e_latency_s", "p50"), pick("e2e_latency_s", "p99"),
                          metrics.get("goodput_requests_per_s"), metrics.get("peak_memory_bytes"),
-                         roofline.get("efficiency"), roofline.get("bound"), trial.get("reason")])
+                         roofline.get("efficiency"), roofline.get("bound"), trial.get("reason")]])
     return out.getvalue()
 
 
 def report_context(run: StageRun) -> dict:
-    return {"run": run, "result": run.result, "charts": chart_html(run.result),
+    return {"run": run, "result": run.result, "charts": chart_data(run.result), "charts_id": f"sweep-charts-{run.pk}",
             "trials": run.result.get("trials", []), "best": run.result.get("best"),
             "pipeline": list(run.job.stage_runs.order_by("id").values("kind", "node_name", "status", "started",
                                                                          "finished")),
@@ -70,12 +80,13 @@ def report_context(run: StageRun) -> dict:
 
 
 def self_contained_html(run: StageRun) -> str:
-    """The report as one file that opens offline: plotly's JavaScript and the stylesheet are inlined."""
+    """The report as one file that opens offline: plotly's JavaScript, the script that draws the charts and the
+    stylesheet are inlined."""
     context = report_context(run)
     body = render_to_string("adaptation/sweeps/report_body.html", context)
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{escape(context['title'])}</title>"
             f"<style>{_report_css()}</style><script>{PLOTLY_JS.read_text()}</script></head>"
-            f"<body>{body}</body></html>")
+            f"<body>{body}<script>{REPORT_JS.read_text()}</script></body></html>")
 
 
 def _report_css() -> str:

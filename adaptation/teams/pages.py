@@ -3,10 +3,12 @@
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
+from django.views.decorators.cache import never_cache
 
 from . import services
 
 
+@never_cache  # the page shows a credential: no cache may keep it
 @login_required
 def api_token(request):
     if request.method == "POST":

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from rest_framework.authtoken.models import Token
 
-from ..choices import TeamRole
 from ..models import Team
 
 
@@ -20,7 +19,7 @@ def default_team(user) -> Team | None:
 
 
 def is_team_admin(user, team: Team) -> bool:
-    return team.memberships.filter(user=user, role=TeamRole.ADMIN).exists()
+    return Team.objects.administered_by(user).filter(pk=team.pk).exists()
 
 
 def api_token(user) -> Token | None:

@@ -14,7 +14,11 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
+from adaptation.clusters.trust import create_join_token
+from adaptation.models import Cluster
 from workers.protocol import control_queue
+
+from .bootstrap_demo import DEMO_TEAM, LOCAL_CLUSTER
 
 
 class Command(BaseCommand):
@@ -37,10 +41,18 @@ class Command(BaseCommand):
                         "--hostname", "control@%h", "--concurrency", "2", "--loglevel", "info",
                         "--without-gossip", "--without-mingle"],
         }
+        environments = {}
         if not no_node:
             commands["node"] = [sys.executable, "-m", "workers.node", "--broker", settings.D0_BROKER_URL,
-                                "--cluster", "demo/local", "--heartbeat", str(settings.D0_HEARTBEAT_INTERVAL)]
-        processes = {name: subprocess.Popen(command, start_new_session=True) for name, command in commands.items()}
+                                "--cluster", f"{DEMO_TEAM}/{LOCAL_CLUSTER}", "--heartbeat",
+                                str(settings.D0_HEARTBEAT_INTERVAL), "--state-dir", str(var / "node")]
+            # The local node joins like any other: with a join token (short-lived; its key is kept in var/node, so
+            # later starts need none), given through the environment rather than the process list.
+            cluster = Cluster.objects.get(team__slug=DEMO_TEAM, name=LOCAL_CLUSTER)
+            _, token = create_join_token(cluster, None, hours=1, description="manage.py up: the local node")
+            environments["node"] = {**os.environ, "D0_JOIN_TOKEN": token}
+        processes = {name: subprocess.Popen(command, start_new_session=True, env=environments.get(name))
+                     for name, command in commands.items()}
         self.stdout.write(f"d0 is up at http://{bind}/  (Ctrl-C stops it)")
 
         def stop(*_):

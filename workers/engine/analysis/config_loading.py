@@ -15,6 +15,7 @@ from pathlib import Path
 
 # Released config.json files are a few kB; anything this big is not a config and is refused before parsing.
 MAX_CONFIG_FILE_BYTES = 8 * 1024 * 1024
+MAX_EXPERT_MLPS = 2**18  # layers x routed experts: 11x the largest release, built on the meta device in ~1 s
 
 # Multimodal wrappers keep the language model's dimensions in one of these (Llama-4: text_config).
 LANGUAGE_CONFIG_KEYS = ("text_config", "language_config", "llm_config")
@@ -44,7 +45,9 @@ class Key:
 # 262144) and far below what would make a meta-device build or the arithmetic misbehave.
 KEYS = (
     Key("hidden_size", ("hidden_size", "d_model", "dim", "n_embd", "model_dim"), high=2**17),
-    Key("num_layers", ("num_hidden_layers", "n_layers", "num_layers", "n_layer"), high=2048),
+    # 512: 2.5x the deepest release; the meta-device build grows faster than linearly with depth (Jamba at 2048
+    # layers took 59 s, at 512 4 s).
+    Key("num_layers", ("num_hidden_layers", "n_layers", "num_layers", "n_layer"), high=512),
     Key("vocab_size", ("vocab_size", "padded_vocab_size", "n_vocab"), high=2**22),
     Key("num_heads", ("num_attention_heads", "n_heads", "n_head", "num_heads"), high=2**14),
     Key("num_kv_heads", ("num_key_value_heads", "attn_config.kv_n_heads", "n_kv_heads", "num_kv_heads",
@@ -216,6 +219,12 @@ class ConfigView:
         experts, top_k = self.dim("num_experts") or 0, self.dim("experts_per_token") or 0
         if top_k > experts > 0:
             raise ConfigError(f"{top_k} experts per token but only {experts} experts")
+        # Each key alone is plausible up to its bound, but the meta-device build grows with layers x experts.
+        expert_mlps = self.dim("num_layers") * max(experts, 1)
+        if expert_mlps > MAX_EXPERT_MLPS:
+            raise ConfigError(f"{self.dim('num_layers')} layers x {experts} experts make {expert_mlps:,} expert MLPs; "
+                              f"d0 analyses up to {MAX_EXPERT_MLPS:,} (the largest release has 23,424: Kimi-K2's "
+                              "61 x 384)")
 
     def dim(self, name: str, default: int | None = None) -> int | None:
         """A validated integer dimension by canonical name (see KEYS)."""

@@ -6,6 +6,7 @@ device, and reports each aten operator as native / composite / decomposable / mi
 readiness. ``op_coverage`` is the same as a node stage. Plain Python + torch + transformers: no Django.
 """
 
+from . import report
 from .report import op_coverage, run_coverage
 
-__all__ = ["op_coverage", "run_coverage"]
+__all__ = ["op_coverage", "report", "run_coverage"]

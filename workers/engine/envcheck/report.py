@@ -10,6 +10,7 @@ import time
 
 import psutil
 
+from ..parameters import Parameter, validate
 from . import checks
 from .collectives import measure_collectives
 from .measure import copy_bandwidth, host_to_device_bandwidth, matmul_throughput
@@ -17,6 +18,16 @@ from .probe import probe_devices, probe_host
 from .software import software_stack
 
 MATMUL_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
+
+PARAMETERS = (
+    Parameter("expected_devices_per_node", "int", "devices the node should have (the cluster's setting)",
+              nullable=True, minimum=0, maximum=4096, set_by="control"),
+    Parameter("measure_seconds", "float", "timed work per measurement", default=0.3, minimum=0.01, maximum=30),
+    Parameter("cpu_ranks", "int", "gloo processes for the collectives on a CPU-only node", default=2, minimum=2,
+              maximum=16),
+    Parameter("required_packages", "list", "packages the node must have (default: torch, transformers)",
+              max_items=64, item=Parameter("package", "str", "a distribution name", maximum=100)),
+)
 
 
 def device_label(device: dict) -> str:
@@ -107,6 +118,7 @@ def build_links(devices: list[dict], peers, topology: dict | None, collectives: 
 
 
 def env_check(params: dict, progress) -> dict:
+    params = validate("env_check", PARAMETERS, params, control=True)
     started = time.monotonic()
     budget = float(params.get("measure_seconds", 0.3))
     progress(0.02, "host and software")

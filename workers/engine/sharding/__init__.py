@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..parameters import Parameter, validate
 from .compare import THRESHOLDS
 from .configs import small_config
 from .launcher import ShardedRunError, free_port, launch_ranks
 from .layout import Layout, parse_fault
 
-__all__ = ["ShardedRunError", "run_sharded", "shard_stage", "small_config"]
+__all__ = ["PARAMETERS", "ShardedRunError", "run_sharded", "shard_stage", "small_config"]
 
 RENDEZVOUS_KEYS = ("master_addr", "master_port", "world_size", "node_rank", "nproc_per_node")
 
@@ -82,15 +83,38 @@ def run_sharded(config: dict | None, *, tp: int = 1, pp: int = 1, ep: int = 1, d
                         timeout_s=timeout_s, progress=progress)
 
 
-STAGE_PARAMS = ("config", "tp", "pp", "ep", "dtype", "decode_steps", "seed", "prompt_tokens", "weights_path",
-                "shrink", "device", "rendezvous", "timeout_s", "fault")
+def _fault(fault: str) -> None:
+    parse_fault(fault, world_size=2**20)  # the world's real size is checked again when the run starts
+
+
+PARAMETERS = (
+    Parameter("config", "object", "the model's config.json (the job's model)", set_by="control"),
+    Parameter("tp", "int", "tensor-parallel ranks", default=1, minimum=1, maximum=64),
+    Parameter("pp", "int", "pipeline stages", default=1, minimum=1, maximum=64),
+    Parameter("ep", "int", "expert-parallel ranks (MoE; equal to tp when both are above 1)", default=1, minimum=1,
+              maximum=64),
+    Parameter("dtype", "choice", "dtype of the sharded run (the reference is fp32)", default="fp32",
+              choices=tuple(THRESHOLDS)),
+    Parameter("decode_steps", "int", "greedy decode steps after the prefill", default=16, minimum=0, maximum=1024),
+    Parameter("seed", "int", "seed of the random weights and the prompt", default=0, minimum=0, maximum=2**31 - 1),
+    Parameter("prompt_tokens", "int", "prompt length", default=8, minimum=1, maximum=8192),
+    Parameter("weights_path", "path", "a safetensors checkpoint folder on the node, under one of its data roots "
+              "(default: seeded random weights)", nullable=True),
+    Parameter("shrink", "bool", "run a small model of the architecture (false: the config's own sizes)", default=True),
+    Parameter("device", "choice", "where the ranks run", default="auto", choices=("auto", "cpu", "cuda")),
+    Parameter("timeout_s", "float", "seconds before a hung run is ended", default=600.0, minimum=1, maximum=86400),
+    Parameter("fault", "str", "test hook: corrupt_shard, or hang_rank_N / crash_rank_N / kill_rank_N", nullable=True,
+              maximum=32, check=_fault),
+    Parameter("node_count", "int", "nodes the world spans (the control plane places the ranks)", default=1, minimum=1,
+              maximum=64),
+    Parameter("rendezvous", "object", "master address and port, world size, node rank, ranks per node",
+              set_by="control"),
+)
 
 
 def shard_stage(params: dict, progress: Callable[[float, str], None]) -> dict:
     """The ``sharded_run`` stage: ``run_sharded`` with its keyword arguments taken from ``params``."""
-    unknown = sorted(set(params) - set(STAGE_PARAMS))
-    if unknown:
-        raise ValueError(f"unknown sharded_run parameters: {', '.join(unknown)}")
-    arguments = {key: value for key, value in params.items() if key != "config"}
+    params = validate("sharded_run", PARAMETERS, params, control=True)
+    arguments = {key: value for key, value in params.items() if key not in ("config", "node_count")}
     return run_sharded(params.get("config"), **arguments, progress=progress)
 

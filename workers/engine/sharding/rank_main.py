@@ -74,11 +74,10 @@ def _weights_fingerprint(model) -> float:
     return float(total)
 
 
-def _check_identical_weights(model, world_size: int) -> None:
-    import torch.distributed as dist
+def _check_identical_weights(model, world_size: int, device) -> None:
+    from .exchange import all_gather_json
 
-    fingerprints = [None] * world_size
-    dist.all_gather_object(fingerprints, _weights_fingerprint(model))
+    fingerprints = all_gather_json(_weights_fingerprint(model), world_size, device)
     differing = [rank for rank, value in enumerate(fingerprints) if value != fingerprints[0]]
     if differing:
         raise RuntimeError(f"ranks {differing} built different weights than rank 0 from the same seed "
@@ -123,6 +122,7 @@ def run_rank(job: dict) -> dict:
     from transformers import DynamicCache
 
     from .compare import compare_traces
+    from .exchange import all_gather_json, broadcast_json
     from .configs import build_model
     from .expert_parallel import experts_modules
     from .layout import Layout, parse_fault
@@ -157,7 +157,7 @@ def run_rank(job: dict) -> dict:
     model = build_model(job.get("config"), seed=job["seed"], weights_path=job.get("weights_path"))
     config = model.config
     summary = _model_summary(config, model)
-    _check_identical_weights(model, world_size)
+    _check_identical_weights(model, world_size, device)
     generator = torch.Generator().manual_seed(job["seed"] + 1)
     prompt = torch.randint(0, config.vocab_size, (1, job["prompt_tokens"]), generator=generator)
 
@@ -218,10 +218,9 @@ def run_rank(job: dict) -> dict:
         "routing_counts": recorder.counts,
     }
     _progress(0.9, f"rank {rank}: gathering figures")
-    gathered = [None] * world_size
-    dist.all_gather_object(gathered, figures)
-    verdict = [compare_traces(reference, sharded, job["dtype"]) if reporting else None]
-    dist.broadcast_object_list(verdict, src=layout.reporting_rank)
+    gathered = all_gather_json(figures, world_size, device)
+    verdict = [broadcast_json(compare_traces(reference, sharded, job["dtype"]) if reporting else None,
+                              layout.reporting_rank, device)]
     routing_counts = {}
     for figure in gathered:
         for layer_index, counts in figure.pop("routing_counts").items():

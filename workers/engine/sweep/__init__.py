@@ -17,6 +17,7 @@ import gc
 
 import torch
 
+from ..parameters import Parameter, device_string, validate
 from .backends import BACKENDS, Trial, TrialParams
 from .evaluation import evaluate
 from .metrics import DEFINITIONS
@@ -24,7 +25,44 @@ from .roofline import hardware_figures
 from .search import GRID_KEYS, SEARCHES, best_trial, configurations
 from .workload import Workload
 
-STAGE_PARAMS = ("config", "grid", "workload", "search", "hardware", "device", "reduce", "backend")
+MAX_CONFIGURATIONS = 4096
+
+
+def _grid(grid: dict) -> None:
+    count = len(configurations(grid))
+    if count > MAX_CONFIGURATIONS:
+        raise ValueError(f"the grid has {count} configurations; at most {MAX_CONFIGURATIONS}")
+
+
+def _hardware(hardware: dict) -> None:
+    unknown = set(hardware) - {"memory_bandwidth_bytes_per_s", "flops_per_s"}
+    if unknown:
+        raise ValueError(f"takes memory_bandwidth_bytes_per_s and flops_per_s, not {', '.join(sorted(unknown))}")
+    flops = hardware.get("flops_per_s", {})
+    if not isinstance(flops, dict):
+        raise ValueError("flops_per_s maps precisions to FLOP/s")
+    figures = [*flops.values(), *([hardware["memory_bandwidth_bytes_per_s"]]
+                                  if "memory_bandwidth_bytes_per_s" in hardware else [])]
+    if not all(isinstance(value, int | float) and not isinstance(value, bool) and value > 0 for value in figures):
+        raise ValueError("figures must be positive numbers (bytes/s, FLOP/s by precision)")
+
+
+PARAMETERS = (
+    Parameter("config", "object", "the model's config.json (the job's model)", set_by="control"),
+    Parameter("grid", "object", "lists of values to try: precision (fp32, bf16, fp16, int8), batch_size, page_size, "
+              "max_batch_tokens", default={}, check=_grid),
+    Parameter("workload", "object", "requests, prompt_len, output_len (fixed, {\"uniform\": [lo, hi]} or a list), "
+              "arrival (closed or poisson), rate, concurrency, warmup_requests, slo", default={},
+              check=Workload.from_dict),
+    Parameter("search", "choice", "every configuration, or successive halving", default="grid",
+              choices=tuple(SEARCHES)),
+    Parameter("hardware", "object", "memory_bandwidth_bytes_per_s and flops_per_s by precision for the roofline "
+              "(default: the node's latest env check)", nullable=True, check=_hardware),
+    Parameter("device", "str", "device to serve on, e.g. cuda:0 (default: the node's first accelerator, else cpu)",
+              nullable=True, check=device_string),
+    Parameter("reduce", "bool", "serve the reduced model of the architecture (false: the full model)", default=True),
+    Parameter("backend", "choice", "serving backend", default="transformers", choices=tuple(BACKENDS)),
+)
 
 
 def resolve_device(device) -> torch.device:
@@ -102,13 +140,9 @@ def sweep_stage(params: dict, progress) -> dict:
     """The sweep as a node stage. ``params``: ``config`` (the config.json dict), optional ``grid``, ``workload``,
     ``search`` ("grid" or "smart"), ``hardware`` (``memory_bandwidth_bytes_per_s`` and ``flops_per_s`` by precision,
     from the node's env check), ``device``, ``reduce`` (default True) and ``backend``. Returns ``run_sweep``'s dict."""
-    unknown = set(params) - set(STAGE_PARAMS)
-    if unknown:
-        raise ValueError(f"unknown sweep parameters: {', '.join(sorted(unknown))}")
+    params = validate("sweep", PARAMETERS, params, control=True)
     if not isinstance(params.get("config"), dict):
         raise ValueError("a sweep needs the model's config.json, as a JSON object, in params['config']")
-    if not isinstance(params.get("reduce", True), bool):
-        raise ValueError("reduce must be true or false")
     return run_sweep(params["config"], grid=params.get("grid") or {}, workload=params.get("workload") or {},
                      search=params.get("search", "grid"), device=params.get("device"),
                      hardware=params.get("hardware"), progress=progress, reduce=params.get("reduce", True),

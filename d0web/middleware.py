@@ -1,0 +1,27 @@
+"""A request body past ``D0_MAX_REQUEST_BYTES`` is refused from its Content-Length, before any of it is read.
+
+Django caps form fields and JSON bodies (DATA_UPLOAD_MAX_MEMORY_SIZE) but streams file uploads to disk whatever
+their size, so a multipart upload was read whole before the form said "too big". WSGI servers pass the body by its
+Content-Length only, so checking that one header covers every upload.
+"""
+
+from django.conf import settings
+from django.http import HttpResponse, JsonResponse
+
+
+class RequestBodyLimitMiddleware:
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        try:
+            length = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = 0
+        limit = settings.D0_MAX_REQUEST_BYTES
+        if length > limit:
+            message = f"The request body is {length / 2**20:.1f} MiB; the limit is {limit / 2**20:.1f} MiB."
+            if request.path.startswith("/api/"):
+                return JsonResponse({"detail": message}, status=413)
+            return HttpResponse(message, status=413, content_type="text/plain; charset=utf-8")
+        return self.get_response(request)

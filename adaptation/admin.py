@@ -1,7 +1,7 @@
 from django.contrib import admin
 
-from .models import (AdaptationJob, Cluster, Device, EnvReport, JoinToken, Link, Membership, ModelPlan, ModelSpec, Node,
-                     RejectedNodeMessage, StageRun, Team)
+from .models import (AdaptationJob, Cluster, ControlWorker, Device, EnvReport, JoinToken, Link, Membership, ModelPlan,
+                     ModelSpec, Node, RejectedNodeMessage, StageRun, Team)
 
 
 class MembershipInline(admin.TabularInline):
@@ -145,9 +145,22 @@ class JoinTokenAdmin(admin.ModelAdmin):
         return False
 
 
+class RecordedByTheControlPlane(admin.ModelAdmin):
+    """Rows the control plane writes as it runs; the admin reads and deletes them."""
+
+    def has_add_permission(self, request):
+        return False
+
+
 @admin.register(RejectedNodeMessage)
-class RejectedNodeMessageAdmin(admin.ModelAdmin):
+class RejectedNodeMessageAdmin(RecordedByTheControlPlane):
     list_display = ["task", "reason", "cluster", "count", "last_seen", "detail"]
     list_filter = ["reason", "task", "cluster"]
     list_select_related = ["cluster"]
     readonly_fields = ["cluster", "task", "reason", "count", "first_seen", "last_seen", "detail"]
+
+
+@admin.register(ControlWorker)
+class ControlWorkerAdmin(RecordedByTheControlPlane):
+    list_display = ["name", "last_seen"]
+    readonly_fields = ["name", "last_seen"]

@@ -74,8 +74,11 @@ def join_token(cluster_ref: str) -> str:
 class WorkerStack(Processes):
     """A control-plane worker (with beat) and node workers, sharing the test process's database and broker."""
 
-    def __init__(self, log_dir: Path, database_url: str, broker_url: str, **settings):
+    def __init__(self, log_dir: Path, database_url: str, broker_url: str, node_broker_url: str | None = None,
+                 **settings):
         super().__init__(log_dir)
+        # Nodes may reach the broker as a user of their own (the production Redis ACL has one per role).
+        self.node_broker_url = node_broker_url or broker_url
         self.prefix = f"d0test-{uuid.uuid4().hex[:8]}"
         self.control_queue = f"{self.prefix}.control"
         self.broker_url = broker_url
@@ -99,7 +102,7 @@ class WorkerStack(Processes):
         key lives in this stack's folder, so starting the same hostname again is a restart of that node."""
         if token is None:
             token = join_token(cluster_ref)
-        self.start(f"node-{hostname}", [sys.executable, "-m", "workers.node", "--broker", self.broker_url,
+        self.start(f"node-{hostname}", [sys.executable, "-m", "workers.node", "--broker", self.node_broker_url,
                                         "--cluster", cluster_ref, "--hostname", hostname,
                                         "--heartbeat", str(heartbeat), "--state-dir", str(self.log_dir / "node-keys")],
                    {**self.env, "D0_JOIN_TOKEN": token})

@@ -6,8 +6,8 @@ import pytest
 from django.contrib.staticfiles import finders
 from django.test import Client
 
-from adaptation.models import (AdaptationJob, Cluster, Device, EnvReport, Link, Membership, ModelPlan, ModelSpec, Node,
-                               StageRun, Team)
+from adaptation.models import (AdaptationJob, Cluster, ControlWorker, Device, EnvReport, JoinToken, Link, Membership,
+                               ModelPlan, ModelSpec, Node, RejectedNodeMessage, StageRun, Team)
 
 
 @pytest.fixture
@@ -24,6 +24,13 @@ def test_every_model_has_an_admin_list_and_add_page(model, superuser_client, job
     base = f"/admin/adaptation/{model._meta.model_name}/"
     assert superuser_client.get(base).status_code == 200
     assert superuser_client.get(f"{base}add/").status_code == 200
+
+
+@pytest.mark.parametrize("model", [JoinToken, RejectedNodeMessage, ControlWorker])
+def test_rows_the_control_plane_makes_are_listed_but_not_added_by_hand(model, superuser_client, job):
+    base = f"/admin/adaptation/{model._meta.model_name}/"
+    assert superuser_client.get(base).status_code == 200
+    assert superuser_client.get(f"{base}add/").status_code == 403
 
 
 def test_the_admin_can_drain_a_node(superuser_client, node):

@@ -4,19 +4,25 @@ counted on the cluster and never applied. The legitimate flow (join with a token
 still works."""
 
 import os
+import re
 import time
+from pathlib import Path
 
 import pytest
 from celery import Celery
+from django.test import Client
 from django.utils import timezone
 
 from adaptation.clusters import trust
+from adaptation.jobs import services as jobs
 from adaptation.models import AdaptationJob, JoinToken, Node, RejectedNodeMessage, StageRun
 from tests.harness import join_token, wait_for
 from tests.conftest import job_status, node_online
 from workers import protocol, signing
+from workers.engine.sharding.launcher import free_port
 
 pytestmark = [pytest.mark.workers, pytest.mark.django_db(transaction=True)]
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -202,3 +208,96 @@ def test_the_legitimate_flow_joins_once_restarts_without_a_token_and_cancel_stop
     assert job.status == "succeeded", job.error
     assert time.monotonic() - started < 30
     assert not list(RejectedNodeMessage.objects.values("task", "reason", "detail"))
+
+
+def compose_redis_acl(control_password: str, node_password: str) -> list[str]:
+    """The Redis users docker-compose.yml starts Redis with, passwords filled in."""
+    import yaml
+
+    command = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["redis"]["command"]
+    arguments = command[command.index("--user"):]
+    return [argument.replace("${D0_REDIS_CONTROL_PASSWORD:?set D0_REDIS_CONTROL_PASSWORD}", control_password)
+            .replace("${D0_REDIS_NODE_PASSWORD:?set D0_REDIS_NODE_PASSWORD}", node_password) for argument in arguments]
+
+
+def test_the_compose_redis_users_let_each_role_do_its_work_and_a_node_nothing_more(tmp_path, cluster, owner,
+                                                                                   broker, settings):
+    """A real Redis started with the compose file's ACL: the control plane as "control", a node as "node"; the node
+    joins, runs a job, and its user cannot reconfigure or wipe the broker."""
+    import shutil
+    import subprocess
+
+    from tests.conftest import database_url
+    from tests.harness import Processes, WorkerStack
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("needs redis-server")
+    port = free_port()
+    redis = Processes(tmp_path)
+    redis.start("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                          "--appendonly", "no", *compose_redis_acl("control-secret", "node-secret")], dict(os.environ))
+    control_url = f"redis://control:control-secret@127.0.0.1:{port}/0"
+    stack = WorkerStack(tmp_path, database_url(), control_url, f"redis://node:node-secret@127.0.0.1:{port}/0",
+                        D0_NODE_TIMEOUT=4, D0_SWEEP_INTERVAL=1)
+    try:
+        wait_for(lambda: subprocess.run(["redis-cli", "-p", str(port), "--user", "control", "--pass", "control-secret",
+                                         "ping"], capture_output=True, text=True).stdout.strip() == "PONG", 30,
+                 "redis to start")
+        stack.start_control()
+        stack.start_node("alpha/h100-pod", "acl-node")
+        node = wait_for(node_online("acl-node"), 60, "the node to join through its own Redis user")
+        job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=["env_probe"])
+        dispatcher = Celery("dispatcher", broker=control_url, fixups=[])
+        dispatcher.send_task(protocol.DISPATCH_JOB, args=[job.pk], queue=stack.control_queue)
+        done = wait_for(job_status(job.pk, "succeeded", "failed"), 60, "the job on the node")
+        assert done.status == "succeeded", done.error
+        assert done.stage_runs.get().node == node
+        for forbidden in (["FLUSHALL"], ["CONFIG", "GET", "*"], ["KEYS", "*"], ["ACL", "LIST"], ["SHUTDOWN"]):
+            answer = subprocess.run(["redis-cli", "-p", str(port), "--user", "node", "--pass", "node-secret",
+                                     *forbidden], capture_output=True, text=True).stdout
+            assert "NOPERM" in answer, (forbidden, answer)
+        anonymous = subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True).stdout
+        assert "NOAUTH" in anonymous or "NOPERM" in anonymous, anonymous
+        assert "NOPERM" not in stack.log("node-acl-node") and "NOPERM" not in stack.log("control")
+        dispatcher.close()
+    except BaseException:
+        print(stack.logs())
+        raise
+    finally:
+        stack.stop_all()
+        redis.stop_all()
+
+
+def test_a_team_admin_makes_a_join_token_on_the_cluster_page_and_sees_the_command_once(owner, member, cluster):
+    client = Client()
+    client.force_login(owner)
+    page = client.post(f"/clusters/{cluster.pk}/join-tokens/", {"hours": 2, "description": "rack 4"})
+    assert page.status_code == 200 and page["Cache-Control"] == "no-store"
+    token = JoinToken.objects.get()
+    command = re.search(r'<pre class="command" id="join-command">D0_JOIN_TOKEN=(\S+) \\', page.content.decode())
+    whole = command.group(1)
+    assert whole.startswith(f"{token.token_id}.") and token.secret_sha256 == signing.token_key(whole.split(".")[1])
+    assert "--cluster alpha/h100-pod" in page.content.decode()
+    again = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    assert token.token_id in again and whole not in again  # listed, never shown again
+    assert client.post(f"/clusters/{cluster.pk}/join-tokens/{token.pk}/revoke/").status_code == 302
+    assert JoinToken.objects.get().revoked is not None
+    plain = Client()
+    plain.force_login(member)
+    assert plain.post(f"/clusters/{cluster.pk}/join-tokens/", {"hours": 2}).status_code == 403
+    assert "A team admin makes join tokens" in plain.get(f"/clusters/{cluster.pk}/").content.decode()
+
+
+def test_join_tokens_through_the_api(owner_api, member_api, outsider_api, cluster):
+    made = owner_api.post("/api/join-tokens/", {"cluster": cluster.pk, "hours": 1}, format="json")
+    assert made.status_code == 201 and made["Cache-Control"] == "no-store"
+    body = made.json()
+    assert body["token"].startswith(body["token_id"] + ".") and "--cluster alpha/h100-pod" in body["join_command"]
+    listed = member_api.get("/api/join-tokens/").json()["results"]
+    assert [row["token_id"] for row in listed] == [body["token_id"]] and listed[0].get("token") is None
+    assert member_api.post("/api/join-tokens/", {"cluster": cluster.pk}, format="json").status_code == 403
+    assert member_api.post(f"/api/join-tokens/{body['id']}/revoke/").status_code == 403
+    assert outsider_api.post(f"/api/join-tokens/{body['id']}/revoke/").status_code == 404
+    assert outsider_api.post("/api/join-tokens/", {"cluster": cluster.pk}, format="json").status_code == 400
+    revoked = owner_api.post(f"/api/join-tokens/{body['id']}/revoke/")
+    assert revoked.status_code == 200 and revoked.json()["revoked"]

@@ -22,6 +22,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 from adaptation.intake import catalog
+from adaptation.sweeps.services import spreadsheet_safe
 from adaptation.models import ModelSpec
 
 # _Log.run in workers/engine/sweep/search.py announces each trial as it starts with this message.
@@ -302,7 +303,7 @@ class Command(BaseCommand):
             with open(out / "trials.csv", "w", newline="") as stream:
                 writer = csv.DictWriter(stream, fieldnames=CSV_FIELDS)
                 writer.writeheader()
-                writer.writerows(rows)
+                writer.writerows({key: spreadsheet_safe(value) for key, value in row.items()} for row in rows)
         except OSError as error:
             raise CommandError(f"cannot write the results to {out}: {error}") from None
         say(f"Wrote {out / 'sweep.json'} (the full result) and {out / 'trials.csv'} ({_count(len(rows), 'trial')})")

@@ -412,3 +412,69 @@ def test_the_analyze_command_prints_json_on_a_node_without_django():
     assert set(report["weights_bytes"]) >= {"bf16", "fp8", "int8", "int4"}
     assert set(report["kv_cache_bytes_per_token"]) >= {"bf16", "fp8"}
     assert report["plans"]["fits"] and report["plans"]["precision"] == "fp8"
+
+
+def _top_k_of(block) -> int | None:
+    """The experts-per-token an MoE block routes with, from the block or its router (not from the config)."""
+    for module in (block, *block.children()):
+        for name in ("top_k", "num_experts_per_tok", "moe_topk"):
+            value = getattr(module, name, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+    return None
+
+
+def used_by_one_token(model) -> int:
+    """Parameters one token uses in a built model: all of them, but of each MoE block's routed experts only the
+    top-k of E, with k and E read from the block's own modules."""
+    import torch
+
+    unused = 0
+    for _, block in model.named_modules():
+        experts = getattr(block, "experts", None)
+        if not isinstance(experts, torch.nn.Module):
+            continue
+        count = getattr(experts, "num_experts", None) or (
+            len(experts) if isinstance(experts, torch.nn.ModuleList) else next(experts.parameters()).shape[0])
+        routed = sum(parameter.numel() for parameter in experts.parameters())
+        unused += routed - routed * _top_k_of(block) // count
+    return sum(parameter.numel() for parameter in model.parameters()) - unused
+
+
+# MoE config classes of the pinned transformers whose defaults it builds; ERNIE 4.5 names top-k moe_k, Kimi-Linear
+# and Bailing num_experts_per_token: d0 reads them through each class's attribute_map.
+MOE_MODEL_TYPES = ["bailing_hybrid", "deepseek_v3", "ernie4_5_moe", "flex_olmo", "gpt_oss", "granitemoe", "jamba",
+                   "jetmoe", "kimi_linear", "llama4_text", "minimax_m2", "mixtral", "olmoe", "phimoe", "qwen2_moe",
+                   "qwen3_moe", "solar_open"]
+
+
+@pytest.mark.parametrize("model_type", MOE_MODEL_TYPES)
+def test_the_active_count_is_what_one_token_uses_in_the_built_model(model_type):
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    hf_config = CONFIG_MAPPING[model_type]()
+    report = analyze({**hf_config.to_dict(), "model_type": model_type})
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config)
+    assert report["method"] == "exact"
+    assert report["active_params"] == used_by_one_token(model)
+    assert report["active_params"] < report["total_params"]
+
+
+def test_an_moe_config_without_a_readable_top_k_is_refused_not_counted():
+    with pytest.raises(ConfigError, match="routed experts .* but the config gives no experts-per-token"):
+        analyze({**config("deepseek-v3"), "num_experts_per_tok": None})
+
+
+def test_an_exact_count_far_from_the_estimate_says_so():
+    """ERNIE 4.5 starts its MoE layers at moe_layer_start_index, which d0's estimate does not read: the exact count
+    (transformers' model) and the estimate differ, and the report warns instead of staying silent."""
+    from transformers import Ernie4_5_MoeConfig
+
+    report = analyze({**Ernie4_5_MoeConfig().to_dict(), "model_type": "ernie4_5_moe"})
+    assert any("d0's estimate from the config keys" in warning and "differ by" in warning
+               for warning in report["warnings"])
+    assert not any("estimate from the config keys" in warning
+                   for warning in analyze(config("deepseek-v3"))["warnings"])

@@ -12,7 +12,7 @@ import numpy
 import pytest
 import torch
 
-from workers.engine.sweep import run_sweep, sweep_stage
+from workers.engine.sweep import SweepFailed, run_sweep, sweep_stage
 from workers.engine.sweep.backends import BACKENDS, TransformersContinuousBatching, TrialParams
 from workers.engine.sweep.metrics import RequestRecord, percentile, summarize
 from workers.engine.sweep.benchmark_model import dynamic_int8_unsupported
@@ -364,3 +364,18 @@ def test_the_stage_rejects_unknown_parameters_and_a_missing_config():
         sweep_stage({"grid": {}}, lambda fraction, message: None)
     with pytest.raises(ValueError, match="search"):
         run_sweep(QWEN3, grid={}, workload={}, search="random")
+
+
+def test_a_sweep_stage_in_which_no_trial_completes_fails_with_the_trials_reasons(monkeypatch):
+    """A stage that produced no result has failed: the whole adaptation once showed Succeeded for a DeepSeek-V3
+    whose sweep completed 0 of 12 trials (MLA did not fit the paged cache)."""
+    def refuse(self, model, cost, trial):
+        raise RuntimeError("index_copy_(): the paged cache cannot hold this attention")
+
+    monkeypatch.setattr(TransformersContinuousBatching, "_serve", refuse)
+    with pytest.raises(SweepFailed, match=r"^no trial of 2 completed: 2 × failed: RuntimeError: index_copy_"):
+        sweep_stage({"config": QWEN3, "grid": {"precision": ["fp32"], "batch_size": [1, 2], "page_size": [16],
+                                               "max_batch_tokens": [64]},
+                     "workload": {"requests": 2, "prompt_len": 8, "output_len": 2}, "device": "cpu",
+                     "hardware": {"memory_bandwidth_bytes_per_s": 2e10, "flops_per_s": {"fp32": 1e11}}},
+                    lambda fraction, message: None)

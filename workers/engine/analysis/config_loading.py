@@ -8,6 +8,7 @@ and remembers which raw keys it read, so the report can list the keys nobody int
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -99,7 +100,8 @@ KEYS = (
     # Bounded because some older modeling code precomputes per-position tables; 2**32 is far beyond 10M-token models.
     Key("max_position_embeddings", ("max_position_embeddings", "max_seq_len", "n_positions", "max_sequence_length",
                                     "seq_length"), high=2**32, structural=False),
-    Key("sliding_window", ("sliding_window",), high=2**32, structural=False),
+    # 0 is how some configs (transformers' Qwen2-MoE default) say "no window".
+    Key("sliding_window", ("sliding_window",), low=0, high=2**32, structural=False),
     Key("attention_chunk_size", ("attention_chunk_size",), high=2**32, structural=False),
     Key("max_window_layers", ("max_window_layers",), low=0, high=2048, structural=False),
 )
@@ -137,6 +139,34 @@ def load_config_file(path: str | Path) -> dict:
         raise ConfigError(f"{path} is not valid JSON: {error}") from None
 
 
+# Keys whose spelling an architecture may choose for itself (ERNIE 4.5 says moe_k for top-k, Hunyuan moe_topk,
+# LongCat expert_ffn_hidden_size): transformers' config class of that model_type maps the usual name to its own
+# in ``attribute_map``, and d0 reads those spellings too. Only routing keys: a shape key mapped onto another
+# (DeepSeek-V4 reads intermediate_size as moe_intermediate_size) would merge two widths d0 keeps apart.
+ARCHITECTURE_ALIASED = ("num_experts", "experts_per_token", "num_shared_experts", "moe_intermediate_size")
+
+
+@functools.lru_cache(maxsize=256)
+def architecture_aliases(model_type) -> dict[str, tuple[str, ...]]:
+    """Extra spellings of the routing keys that transformers' config class for ``model_type`` declares."""
+    if not isinstance(model_type, str):
+        return {}
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        attribute_map = getattr(CONFIG_MAPPING[model_type], "attribute_map", None) or {}
+    except (KeyError, ImportError, AttributeError, ValueError):
+        return {}
+    aliases = {}
+    for name in ARCHITECTURE_ALIASED:
+        own = tuple(dict.fromkeys(attribute_map[usual] for usual in KEYS_BY_NAME[name].aliases
+                                  if isinstance(attribute_map.get(usual), str)))
+        own = tuple(spelling for spelling in own if spelling not in KEYS_BY_NAME[name].aliases)
+        if own:
+            aliases[name] = own
+    return aliases
+
+
 class ConfigView:
     """Validated, alias-aware read access to a raw config dict (and its language sub-config, if any)."""
 
@@ -149,6 +179,7 @@ class ConfigView:
         # Where the language model's keys live; the top level is the fallback (Llama-4 keeps token ids there).
         self.scopes = ([raw[self.language_key]] if self.language_key else []) + [raw]
         self.read_keys: set[str] = set()
+        self.architecture_aliases = architecture_aliases(self.get("model_type"))
         self._values = {key.name: self._checked(key) for key in KEYS}
         for name in ("hidden_size", "num_layers", "vocab_size"):
             if self._values[name] is None:
@@ -176,7 +207,7 @@ class ConfigView:
         """The key's value from its first spelling present; every spelling present is validated and marked read,
         and two spellings of a shape-changing key must agree (gpt-oss writes experts_per_token twice)."""
         chosen = None
-        for alias in key.aliases:
+        for alias in (*key.aliases, *self.architecture_aliases.get(key.name, ())):
             found, value = self._lookup(alias)
             if not found or value is None:
                 continue

@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from .config_loading import ConfigView
+from .config_loading import KEYS_BY_NAME, ConfigError, ConfigView
 from .layers import Layout
 
 COMPONENTS = ("embeddings", "attention", "ssm", "dense_mlp", "routed_experts", "shared_experts", "router", "norms",
@@ -140,6 +140,12 @@ def active_count(records: list[TensorRecord], view: ConfigView) -> int:
     """
     fraction = _active_fraction(view)
     routed = sum(record.numel for record in records if record.component == "routed_experts")
+    if routed and not view.dim("experts_per_token"):
+        # Without top-k the routed experts would count as unused by every token: a silently wrong active count.
+        spellings = ", ".join(KEYS_BY_NAME["experts_per_token"].aliases
+                              + view.architecture_aliases.get("experts_per_token", ()))
+        raise ConfigError(f"the model has routed experts ({view.dim('num_experts', 0)} per MoE layer) but the config "
+                          f"gives no experts-per-token d0 can read (looked for {spellings})")
     total = sum(record.numel for record in records)
     return total - routed + round(routed * fraction)
 

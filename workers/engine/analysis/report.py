@@ -10,7 +10,7 @@ from .kv_cache import KV_PRECISION_BYTES, KvCache, kv_cache_of
 from .layers import Layout, layer_layout
 from .mechanisms import mechanisms_of
 from .memory import precision_named, weights_report
-from .parameters import inventory_from_model, mtp_records, summarise
+from .parameters import active_count, inventory_from_model, mtp_records, summarise
 from .planner import Workload, cluster_from, plan, planner_model
 from .resolution import (Resolution, build_config, build_meta_model, captured_warnings, knowledge_of, resolve,
                          transformers_version)
@@ -62,6 +62,20 @@ def _checked_size(view: ConfigView, layout: Layout) -> tuple[list, list[str]]:
         raise ConfigError(f"these dimensions describe about {estimate:.3g} parameters, beyond the {MAX_PARAMS:.0e} "
                           "that any real model could have")
     return records, notes
+
+
+ESTIMATE_TOLERANCE = 0.05
+
+
+def _estimate_disagreements(summary: dict, estimated: list, view: ConfigView) -> list[str]:
+    """The exact count (the model transformers builds) checked against d0's own estimate from the config keys: a
+    gap past 5% in total or active parameters means one of them misreads the config, and the report says so."""
+    figures = {"total": (summary["total_params"], sum(record.numel for record in estimated)),
+               "active": (summary["active_params"], active_count(estimated, view))}
+    return [f"the exact {name} count ({exact / 1e9:.3g} B) and d0's estimate from the config keys "
+            f"({estimate / 1e9:.3g} B) differ by {abs(exact - estimate) / exact:.0%}: one of them misreads the config"
+            for name, (exact, estimate) in figures.items()
+            if exact and abs(exact - estimate) / exact > ESTIMATE_TOLERANCE]
 
 
 def _ignored_key_warnings(resolution: Resolution, hf_config) -> list[str]:
@@ -128,6 +142,8 @@ def analyze(config: dict, *, devices=None, precision: str = "bf16", workload: di
         tied, norm_classes, qk_norm = view.flag("tie_word_embeddings", "tie_embeddings"), None, None
     mtp = mtp_records(records, view, len(layout.layers))
     summary = summarise(records, mtp, view, layout, tied)
+    if model is not None:
+        warnings += _estimate_disagreements(summary, estimated, view)
     kv = kv_cache_of(view, layout)
     weights, weights_details = weights_report(records, mtp)
     mechanisms = mechanisms_of(view, layout, tied=tied, norm_classes=norm_classes, qk_norm=qk_norm)

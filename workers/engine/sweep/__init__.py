@@ -139,11 +139,30 @@ def run_sweep(config: dict, *, grid: dict, workload: dict, search: str = "grid",
 def sweep_stage(params: dict, progress) -> dict:
     """The sweep as a node stage. ``params``: ``config`` (the config.json dict), optional ``grid``, ``workload``,
     ``search`` ("grid" or "smart"), ``hardware`` (``memory_bandwidth_bytes_per_s`` and ``flops_per_s`` by precision,
-    from the node's env check), ``device``, ``reduce`` (default True) and ``backend``. Returns ``run_sweep``'s dict."""
+    from the node's env check), ``device``, ``reduce`` (default True) and ``backend``. Returns ``run_sweep``'s dict.
+
+    A stage that produced no result has failed: when no trial served the whole workload, it raises SweepFailed
+    with what each trial ran into, rather than reporting a sweep without a best configuration as a success."""
     params = validate("sweep", PARAMETERS, params, control=True)
     if not isinstance(params.get("config"), dict):
         raise ValueError("a sweep needs the model's config.json, as a JSON object, in params['config']")
-    return run_sweep(params["config"], grid=params.get("grid") or {}, workload=params.get("workload") or {},
-                     search=params.get("search", "grid"), device=params.get("device"),
-                     hardware=params.get("hardware"), progress=progress, reduce=params.get("reduce", True),
-                     backend=params.get("backend", "transformers"))
+    result = run_sweep(params["config"], grid=params.get("grid") or {}, workload=params.get("workload") or {},
+                       search=params.get("search", "grid"), device=params.get("device"),
+                       hardware=params.get("hardware"), progress=progress, reduce=params.get("reduce", True),
+                       backend=params.get("backend", "transformers"))
+    if result["best"] is None:
+        raise SweepFailed(result["trials"])
+    return result
+
+
+class SweepFailed(RuntimeError):
+    """No trial of the sweep served its whole workload; the message counts what the trials ran into."""
+
+    def __init__(self, trials: list[dict]):
+        outcomes: dict[str, int] = {}
+        for trial in trials:
+            reason = (trial.get("reason") or "").strip().splitlines()
+            outcome = f"{trial.get('status', '?')}: {reason[0][:200]}" if reason else str(trial.get("status", "?"))
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        super().__init__(f"no trial of {len(trials)} completed: " + "; ".join(
+            f"{count} × {outcome}" for outcome, count in sorted(outcomes.items(), key=lambda item: -item[1])))

@@ -478,3 +478,29 @@ def test_an_exact_count_far_from_the_estimate_says_so():
                for warning in report["warnings"])
     assert not any("estimate from the config keys" in warning
                    for warning in analyze(config("deepseek-v3"))["warnings"])
+
+
+def test_per_layer_expert_counts_widths_and_top_k_are_analysed_layer_by_layer():
+    """Hunyuan gives top-k per layer (transformers builds it); a release may list expert counts and widths per
+    layer too, which the estimate reads layer by layer. Both were refused with "must be an integer"."""
+    import torch
+    from transformers import AutoModelForCausalLM, HunYuanMoEV1Config
+
+    hunyuan = HunYuanMoEV1Config(num_hidden_layers=4, num_experts=16, moe_topk=[2, 1, 4, 1], hidden_size=512,
+                                 intermediate_size=1024, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+                                 vocab_size=1000)
+    report = analyze({**hunyuan.to_dict(), "model_type": "hunyuan_v1_moe"})
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hunyuan)
+    assert report["method"] == "exact" and report["active_params"] == used_by_one_token(model)
+
+    listed = {"architectures": ["SomeNewMoeForCausalLM"], "model_type": "some_new_moe", "hidden_size": 1024,
+              "num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 1000,
+              "intermediate_size": 2048, "num_experts": [8, 16, 32], "moe_intermediate_size": [256, 512, 256],
+              "num_experts_per_tok": [2, 2, 4]}
+    estimate = analyze(listed)
+    assert estimate["method"] == "estimate"
+    # Routed experts per layer: E x 3 matrices of hidden x width; a token uses top-k of them.
+    routed = [experts * 3 * 1024 * width for experts, width in ((8, 256), (16, 512), (32, 256))]
+    used = [layer * k // experts for layer, k, experts in zip(routed, (2, 2, 4), (8, 16, 32), strict=True)]
+    assert estimate["total_params"] - estimate["active_params"] == sum(routed) - sum(used)

@@ -32,6 +32,7 @@ class Key:
 
     ``neutral`` is the value with which an architecture that ignores the key still builds the released shapes
     (``moe_layer_freq`` 1, ``shared_expert_intermediate_size`` 0); ``structural`` keys change parameter shapes.
+    ``per_layer`` keys may also be given as one value per layer (Hunyuan's ``moe_topk`` and ``num_experts``).
     """
 
     name: str
@@ -40,6 +41,7 @@ class Key:
     high: int = 2**20
     structural: bool = True
     neutral: object = None
+    per_layer: bool = False
 
 
 # Upper bounds sit far above any released model (largest today: hidden 18432, 200 layers, 384 experts, vocab
@@ -58,15 +60,18 @@ KEYS = (
     # Dense MLP width. Llama-4 names its dense width intermediate_size_mlp and uses intermediate_size for experts.
     Key("dense_intermediate_size", ("intermediate_size_mlp",), high=2**21),
     Key("intermediate_size", ("intermediate_size", "inter_dim", "ffn_hidden_size", "n_inner",
-                              "ffn_config.ffn_hidden_size"), high=2**21),
-    Key("moe_intermediate_size", ("moe_intermediate_size", "moe_inter_dim", "expert_intermediate_size"), high=2**21),
+                              "ffn_config.ffn_hidden_size"), high=2**21, per_layer=True),
+    Key("moe_intermediate_size", ("moe_intermediate_size", "moe_inter_dim", "expert_intermediate_size"), high=2**21,
+        per_layer=True),
     Key("shared_expert_intermediate_size", ("shared_expert_intermediate_size", "shared_intermediate_size"),
-        low=0, high=2**21, neutral=0),
+        low=0, high=2**21, neutral=0, per_layer=True),
     Key("num_experts", ("n_routed_experts", "num_experts", "num_local_experts", "ffn_config.moe_num_experts",
-                        "moe_num_experts"), low=0, high=2**14),
+                        "moe_num_experts"), low=0, high=2**14, per_layer=True),
     Key("experts_per_token", ("num_experts_per_tok", "experts_per_token", "n_activated_experts",
-                              "ffn_config.moe_top_k", "moe_top_k"), low=0, high=2**14, structural=False),
-    Key("num_shared_experts", ("n_shared_experts", "num_shared_experts"), low=0, high=2**10, neutral=0),
+                              "ffn_config.moe_top_k", "moe_top_k"), low=0, high=2**14, structural=False,
+        per_layer=True),
+    Key("num_shared_experts", ("n_shared_experts", "num_shared_experts"), low=0, high=2**10, neutral=0,
+        per_layer=True),
     # Which layers are dense and which MoE: DeepSeek (first_k_dense_replace, moe_layer_freq), Qwen
     # (decoder_sparse_step), Llama-4 (interleave_moe_layer_step), Jamba (expert_layer_period/offset), Arctic
     # (moe_layer_frequency).
@@ -180,7 +185,10 @@ class ConfigView:
         self.scopes = ([raw[self.language_key]] if self.language_key else []) + [raw]
         self.read_keys: set[str] = set()
         self.architecture_aliases = architecture_aliases(self.get("model_type"))
-        self._values = {key.name: self._checked(key) for key in KEYS}
+        self._values: dict[str, int | None] = {}
+        self._per_layer: dict[str, list[int]] = {}  # keys given as one value per layer
+        for key in KEYS:  # in order: the layer count is read before any per-layer list is checked against it
+            self._values[key.name] = self._checked(key)
         for name in ("hidden_size", "num_layers", "vocab_size"):
             if self._values[name] is None:
                 spellings = ", ".join(KEYS_BY_NAME[name].aliases)
@@ -212,6 +220,8 @@ class ConfigView:
             if not found or value is None:
                 continue
             self.read_keys.add(alias)
+            if key.per_layer and isinstance(value, list):
+                value = self._per_layer_value(key, alias, value)
             if isinstance(value, float) and value.is_integer():
                 value = int(value)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -223,6 +233,33 @@ class ConfigView:
             elif key.structural and value != chosen[1]:
                 raise ConfigError(f"{chosen[0]} = {chosen[1]} and {alias} = {value} disagree")
         return None if chosen is None else chosen[1]
+
+    def _per_layer_value(self, key: Key, alias: str, values: list) -> int:
+        """A per-layer list: each entry checked like a single value; the largest stands for the key, and
+        ``layer_dim`` gives each layer its own."""
+        layers = self._values.get("num_layers")
+        if layers is None or len(values) != layers:
+            raise ConfigError(f"{alias} must be an integer or list one value per layer ({layers}), got {len(values)}")
+        checked = []
+        for value in values:
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            if isinstance(value, bool) or not isinstance(value, int) or not key.low <= value <= key.high:
+                raise ConfigError(f"{alias} lists {value!r}, outside the plausible range {key.low}..{key.high}")
+            checked.append(value)
+        if len(set(checked)) > 1:
+            self._per_layer[key.name] = checked
+        return max(checked)
+
+    def layer_dim(self, name: str, layer: int | None, default: int | None = None) -> int | None:
+        """The dimension in one layer: its own entry where the config lists one value per layer, else ``dim``."""
+        if layer is not None and name in self._per_layer:
+            return self._per_layer[name][layer]
+        return self.dim(name, default)
+
+    @property
+    def per_layer_keys(self) -> list[str]:
+        return sorted(self._per_layer)
 
     def _check_layer_lists(self) -> None:
         layers = self._values["num_layers"]

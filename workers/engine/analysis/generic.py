@@ -135,18 +135,21 @@ def _mlp(name: str, component: str, layer: int, hidden: int, width: int, gated: 
 
 def _ffn(view: ConfigView, kind: str, layer: int, gated: bool) -> list[TensorRecord]:
     hidden = view.dim("hidden_size")
-    dense_width = view.dim("dense_intermediate_size") or view.dim("intermediate_size") or 4 * hidden
+    dense_width = view.dim("dense_intermediate_size") or view.layer_dim("intermediate_size", layer) or 4 * hidden
     p = f"layers.{layer}.ffn"
     records = []
     if kind in ("dense", "moe+dense"):
         records += _mlp(p + ".dense", "dense_mlp", layer, hidden, dense_width, gated)
     if kind.startswith("moe"):
-        experts = view.dim("num_experts")
-        width = view.dim("moe_intermediate_size") or view.dim("intermediate_size") or 4 * hidden
+        # Per-layer lists (one expert count or width per layer) give each layer its own.
+        experts = view.layer_dim("num_experts", layer)
+        width = (view.layer_dim("moe_intermediate_size", layer) or view.layer_dim("intermediate_size", layer)
+                 or 4 * hidden)
         records.append(_matrix(p + ".router", "router", layer, experts, hidden))
         records += [_matrix(p + ".experts.up", "routed_experts", layer, experts, (2 if gated else 1) * width, hidden),
                     _matrix(p + ".experts.down", "routed_experts", layer, experts, hidden, width)]
-        shared = view.dim("shared_expert_intermediate_size") or view.dim("num_shared_experts", 0) * width
+        shared = (view.layer_dim("shared_expert_intermediate_size", layer)
+                  or view.layer_dim("num_shared_experts", layer, 0) * width)
         if not shared and view.dim("interleave_moe_layer_step"):
             # Llama-4's keys imply its shared expert: "each token is sent to the shared expert and also to one of
             # the 128 routed experts" (Meta, "The Llama 4 herd", 2025), of the experts' width.

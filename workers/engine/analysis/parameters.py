@@ -120,8 +120,10 @@ def mtp_records(records: list[TensorRecord], view: ConfigView, layers: int) -> l
     return extra
 
 
-def _active_fraction(view: ConfigView) -> float:
-    experts, top_k = view.dim("num_experts", 0), view.dim("experts_per_token", 0)
+def _layer_fraction(view: ConfigView, layer: int | None) -> float:
+    """The share of a layer's routed-expert parameters one token uses: top-k of E (every expert of a layer has
+    the same shape)."""
+    experts, top_k = view.layer_dim("num_experts", layer, 0), view.layer_dim("experts_per_token", layer, 0)
     return top_k / experts if experts else 1.0
 
 
@@ -138,8 +140,8 @@ def active_count(records: list[TensorRecord], view: ConfigView) -> int:
     Every routed expert of a layer has the same shape, so the selected top-k of E experts hold exactly k/E of
     the layer's routed-expert parameters (biases included).
     """
-    fraction = _active_fraction(view)
-    routed = sum(record.numel for record in records if record.component == "routed_experts")
+    routed_records = [record for record in records if record.component == "routed_experts"]
+    routed = sum(record.numel for record in routed_records)
     if routed and not view.dim("experts_per_token"):
         # Without top-k the routed experts would count as unused by every token: a silently wrong active count.
         spellings = ", ".join(KEYS_BY_NAME["experts_per_token"].aliases
@@ -147,7 +149,9 @@ def active_count(records: list[TensorRecord], view: ConfigView) -> int:
         raise ConfigError(f"the model has routed experts ({view.dim('num_experts', 0)} per MoE layer) but the config "
                           f"gives no experts-per-token d0 can read (looked for {spellings})")
     total = sum(record.numel for record in records)
-    return total - routed + round(routed * fraction)
+    # Per layer: a config may give each layer its own expert count and top-k (Hunyuan's lists).
+    used = sum(record.numel * _layer_fraction(view, record.layer) for record in routed_records)
+    return total - routed + round(used)
 
 
 def summarise(records: list[TensorRecord], mtp: list[TensorRecord], view: ConfigView, layout: Layout,
@@ -217,7 +221,8 @@ def _mtp_summary(mtp: list[TensorRecord], view: ConfigView, shared_embedding_and
     return {
         "layers": declared,
         "params": unique,
-        "active_params": unique - routed + round(routed * _active_fraction(view)),
+        # An MTP module copies the last decoder layer, so it routes like that layer.
+        "active_params": unique - routed + round(routed * _layer_fraction(view, view.dim("num_layers") - 1)),
         "params_as_stored": unique + declared * shared_embedding_and_head,
         "counted_in_total": False,
         "convention": "params: the MTP modules' own weights (a copy of the last decoder layer, the 2d x d "

@@ -11,7 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from workers.engine.sharding import ShardedRunError, run_sharded, shard_stage, small_config
+from workers.engine.models import build_random_model, load_config, reduce_for_layout
+from workers.engine.sharding import ShardedRunError, run_sharded, shard_stage
 from workers.engine.sharding.layout import Layout
 
 CONFIGS = Path(__file__).parent.parent / "adaptation" / "intake" / "catalog" / "configs"
@@ -33,13 +34,30 @@ def rank_processes_left() -> list:
     return psutil.Process().children(recursive=True)
 
 
-def test_small_config_keeps_deepseek_v3s_layer_kinds_and_routing_shape():
-    small = small_config(load("deepseek-v3.json"))
+def test_the_reduction_for_a_layout_keeps_deepseek_v3s_layer_kinds_and_routing_shape():
+    reduction = reduce_for_layout(load("deepseek-v3.json"), tp=2, ep=2)
+    small = reduction.config
     assert small["num_hidden_layers"] == 2 and small["first_k_dense_replace"] == 1  # one dense, one MoE layer
-    assert small["num_key_value_heads"] == small["num_attention_heads"]  # MLA keeps one KV head per query head
-    assert small["n_routed_experts"] == 8 and small["n_shared_experts"] == 1
-    assert small["n_group"] == 4 and small["topk_group"] == 2  # still group-limited routing
+    assert small["num_attention_heads"] % 2 == 0 and small["kv_lora_rank"] == 32  # tp splits the heads; MLA kept
+    assert small["n_routed_experts"] == 8 and small["n_routed_experts"] % 2 == 0 and small["n_shared_experts"] == 1
+    assert small["n_group"] == 2 and small["topk_group"] == 1  # still group-limited routing
+    assert small["qk_rope_head_dim"] == 64  # the release's head dims: what attention kernels care about
     assert "quantization_config" not in small and "auto_map" not in small
+
+
+def test_the_reduction_serves_every_layout_from_one_model_path():
+    """Kimi-K2's model_type is unknown to transformers: it resolves as DeepSeek-V3, as analysis resolves it (the
+    sharded run once refused it). DBRX keeps its sizes in nested configs: reduced, it is small (it was OOM-killed)."""
+    kimi = reduce_for_layout(load("kimi-k2-instruct.json"), tp=2)
+    assert kimi.layers == 2 and kimi.config["num_attention_heads"] % 2 == 0
+    dbrx = reduce_for_layout(load("dbrx.json"), tp=2, ep=2)
+    assert dbrx.config["ffn_config"]["moe_num_experts"] % 2 == 0
+    dense = reduce_for_layout(load("llama-3.1-8b.json"), pp=4)
+    assert dense.layers == 4 and "repeated to 4 layers" in dense.notes[-1]
+    mqa = reduce_for_layout({**load("llama-3.1-8b.json"), "num_key_value_heads": 1}, tp=4)
+    assert mqa.config["num_key_value_heads"] % 4 == 0 and "x4" in mqa.notes[-1]
+    with pytest.raises(ValueError, match="ep=2 needs routed experts"):
+        reduce_for_layout(load("llama-3.1-8b.json"), ep=2)
 
 
 def test_expert_parallel_across_other_ranks_than_the_tensor_split_is_refused():
@@ -67,12 +85,9 @@ def test_tensor_parallel_qwen3_moe_splits_each_expert_and_matches_the_reference(
 
 def test_pipeline_parallel_mixtral_from_a_local_safetensors_checkpoint_matches_the_reference(tmp_path):
     import torch
-    from transformers import AutoModelForCausalLM
 
-    from workers.engine.sharding.configs import transformers_config
-
-    torch.manual_seed(3)
-    model = AutoModelForCausalLM.from_config(transformers_config(small_config(load("mixtral-8x7b-v0.1.json"))))
+    reduced = reduce_for_layout(load("mixtral-8x7b-v0.1.json"), pp=2).config
+    model = build_random_model(load_config(reduced), dtype=torch.float32, device=torch.device("cpu"), seed=3)
     model.save_pretrained(tmp_path)
     report = run_sharded(None, pp=2, weights_path=str(tmp_path), timeout_s=120)
     assert_matches_reference(report)
@@ -85,7 +100,7 @@ def test_pipeline_parallel_mixtral_from_a_local_safetensors_checkpoint_matches_t
 def test_expert_parallel_qwen3_moe_dispatches_tokens_and_reports_routing_imbalance():
     report = run_sharded(load("qwen3-30b-a3b.json"), ep=2, timeout_s=120)
     assert_matches_reference(report)
-    assert report["layout"]["experts_per_rank"] == 4
+    assert report["layout"]["experts_per_rank"] == 2  # the reduced model keeps 4 of the 128 experts
     assert report["ranks"][0]["collectives"]["by_kind"]["all_to_all"]["calls"] > 0
     layer = report["routing"]["layers"]["0"]
     prompt_and_decode_tokens = 8 + 16

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-
+import math
 
 import torch
 
@@ -11,6 +11,21 @@ import torch
 # configs would make transformers swap in quantised layers that need vendor kernels or hub downloads, while the
 # coverage trace runs on random weights in the requested dtype (float8 support is checked as a mechanism instead).
 IGNORED_KEYS = ("auto_map", "quantization_config", "_name_or_path", "transformers_version")
+
+
+NON_FINITE = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
+
+
+def _numbers_back(value):
+    """Uploads keep JSON's bare Infinity / NaN as text (PostgreSQL's jsonb has no such numbers); transformers
+    wants the floats (Nemotron-H's time_step_limit is [0.0, Infinity])."""
+    if isinstance(value, str):
+        return NON_FINITE.get(value, value)
+    if isinstance(value, list):
+        return [_numbers_back(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _numbers_back(item) for key, item in value.items()}
+    return value
 
 
 def load_config(config: dict):
@@ -29,7 +44,7 @@ def load_config(config: dict):
         raise ValueError(f"a model config must be a JSON object, not {type(config).__name__}")
     model_type = config.get("model_type")
     if model_type in CONFIG_MAPPING_NAMES:
-        rest = {key: copy.deepcopy(value) for key, value in config.items()
+        rest = {key: _numbers_back(copy.deepcopy(value)) for key, value in config.items()
                 if key != "model_type" and key not in IGNORED_KEYS}
         return AutoConfig.for_model(model_type, **rest)
     from ..analysis.config_loading import ConfigView
@@ -72,3 +87,13 @@ def build_random_model(transformers_config, *, dtype: torch.dtype, device: torch
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(causal_lm_config(transformers_config), dtype=dtype)
     return model.to(device).eval()
+
+
+def load_checkpoint(path: str, *, dtype: torch.dtype = torch.float32):
+    """A model from a checkpoint folder on local disk: safetensors only (never pickled weights), no hub."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(Path(path), local_files_only=True, use_safetensors=True,
+                                                dtype=dtype).eval()

@@ -329,3 +329,98 @@ def reduce_config(config: dict, full_model=None) -> Reduction:
 
 def parameter_count(model) -> int:
     return sum(math.prod(parameter.shape) for parameter in model.parameters())
+
+
+def deepen(reduced: dict, full, layers: int) -> None:
+    """Repeat a reduced model's first layer kind to ``layers`` layers, per-layer lists included (a model of one
+    layer kind reduces to one layer; a benchmark or a pipeline of several stages needs more)."""
+    current = _int_attribute(causal_lm_config(load_config(reduced)), "num_hidden_layers")
+    for key, value in list(reduced.items()):
+        if isinstance(value, list | str) and len(value) == current and key not in TOKEN_ID_KEYS + LAYER_INDEX_KEYS:
+            reduced[key] = value[:1] * layers
+    _set(reduced, full, "num_hidden_layers", layers)
+
+
+# A sharded validation run keeps its reduced model small: the reference runs in fp32 next to the ranks.
+MAX_LAYOUT_MODEL_BYTES = 256 * 2**20
+
+
+def _scale_heads(reduced: dict, full, factor: int) -> None:
+    """Multiply the reduced model's query and key/value heads by ``factor``, keeping the head dim."""
+    text = causal_lm_config(load_config(reduced))
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    _set(reduced, full, "num_attention_heads", heads * factor)
+    for part, part_full in _with_subconfigs(reduced, full):
+        for key in KV_HEAD_KEYS:
+            if part is reduced or _int_attribute(part_full, key):
+                _set(part, part_full, key, kv_heads * factor)
+                break
+    _set(reduced, full, "hidden_size", heads * factor * _full_head_dim(full))
+
+
+def _expert_counts(part: dict, part_full) -> dict[str, int]:
+    return {key: value for key in EXPERT_COUNT_KEYS
+            if isinstance(value := part.get(getattr(part_full, "attribute_map", {}).get(key, key)), int)}
+
+
+def _expert_count(reduced: dict, full) -> int | None:
+    return next((max(counts.values()) for part, part_full in _with_subconfigs(reduced, full)
+                 if (counts := _expert_counts(part, part_full))), None)
+
+
+def _scale_experts(reduced: dict, full, ep: int) -> int | None:
+    """Make the routed experts a multiple of ``ep`` (and of the routing groups); returns the new count."""
+    for part, part_full in _with_subconfigs(reduced, full):
+        counts = _expert_counts(part, part_full)
+        if not counts:
+            continue
+        experts = max(counts.values())
+        step = math.lcm(ep, part.get("n_group") or 1)
+        wanted = -(-experts // step) * step
+        if wanted != experts:
+            for key in counts:
+                _set(part, part_full, key, wanted)
+        return wanted
+    return None
+
+
+def reduce_for_layout(config: dict, *, tp: int = 1, pp: int = 1, ep: int = 1) -> Reduction:
+    """``reduce_config``, then what a tp x pp x ep layout needs of the reduced model: query and key/value heads
+    divisible by tp (scaled together, so grouped-query attention keeps its group), routed experts divisible by ep
+    (and by the routing groups), at least pp layers. Raises ValueError when the result breaks an invariant or
+    would weigh more than ``MAX_LAYOUT_MODEL_BYTES`` in fp32."""
+    reduction = reduce_config(config)
+    reduced = copy.deepcopy(reduction.config)
+    full = causal_lm_config(load_config(config))
+    notes = list(reduction.notes)
+    text = causal_lm_config(load_config(reduced))
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    factor = next(f for f in range(1, tp + 1) if heads * f % tp == 0 and kv_heads * f % tp == 0)
+    if factor > 1:
+        _scale_heads(reduced, full, factor)
+        notes.append(f"heads {heads}/{kv_heads} (query/key-value) x{factor}, so that tp={tp} splits them")
+    if ep > 1:
+        before = _expert_count(reduced, full)
+        if before is None:
+            raise ValueError(f"ep={ep} needs routed experts; the {config.get('model_type')} config has none")
+        experts = _scale_experts(reduced, full, ep)
+        if experts != before:
+            notes.append(f"routed experts {before} -> {experts}, so that ep={ep} splits them")
+    layers = _int_attribute(causal_lm_config(load_config(reduced)), "num_hidden_layers")
+    if layers < pp:
+        deepen(reduced, full, pp)
+        notes.append(f"one layer kind: its layer repeated to {pp} layers for pp={pp}")
+    reduced_config = causal_lm_config(load_config(reduced))
+    checked, broken = _invariants(full, reduced_config)
+    if broken:
+        raise ValueError(f"the {config.get('model_type')} reduced for tp={tp} pp={pp} ep={ep} breaks "
+                         f"{', '.join(broken)}")
+    size = parameter_count(build_meta_model(reduced_config)) * 4
+    if size > MAX_LAYOUT_MODEL_BYTES:
+        raise ValueError(f"the reduced {config.get('model_type')} would take {size / 2**20:.0f} MiB in fp32; "
+                         f"a validation model is kept under {MAX_LAYOUT_MODEL_BYTES / 2**20:.0f} MiB")
+    return Reduction(config=reduced, full_layers=reduction.full_layers,
+                     layers=_int_attribute(reduced_config, "num_hidden_layers"), layer_kinds=reduction.layer_kinds,
+                     invariants=checked, notes=notes)

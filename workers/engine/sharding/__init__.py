@@ -13,11 +13,10 @@ from collections.abc import Callable
 
 from ..parameters import Parameter, validate
 from .compare import THRESHOLDS
-from .configs import small_config
 from .launcher import ShardedRunError, free_port, launch_ranks
 from .layout import Layout, parse_fault
 
-__all__ = ["PARAMETERS", "ShardedRunError", "run_sharded", "shard_stage", "small_config"]
+__all__ = ["PARAMETERS", "ShardedRunError", "run_sharded", "shard_stage"]
 
 RENDEZVOUS_KEYS = ("master_addr", "master_port", "world_size", "node_rank", "nproc_per_node")
 
@@ -37,13 +36,14 @@ def _device(requested: str, nproc_per_node: int) -> str:
 
 def run_sharded(config: dict | None, *, tp: int = 1, pp: int = 1, ep: int = 1, dtype: str = "fp32",
                 decode_steps: int = 16, seed: int = 0, prompt_tokens: int = 8, weights_path: str | None = None,
-                shrink: bool | dict = True, device: str = "auto", rendezvous: dict | None = None,
+                shrink: bool = True, device: str = "auto", rendezvous: dict | None = None,
                 timeout_s: float = 600.0, fault: str | None = None,
                 progress: Callable[[float, str], None] | None = None) -> dict:
     """Run ``config``'s architecture sharded tp x pp x ep and compare it with the fp32 CPU reference.
 
-    ``config``: an HF config.json dict, shrunk by ``small_config`` unless ``shrink`` is False (a dict of
-    ``small_config`` arguments picks the size); ignored when ``weights_path`` names a local checkpoint folder.
+    ``config``: an HF config.json dict, reduced by the one model path (``models.reduce_for_layout``: every layer
+    kind kept, heads divisible by tp, experts by ep, at least pp layers) unless ``shrink`` is False; ignored when
+    ``weights_path`` names a local checkpoint folder. The report's ``reduction`` says what the reduction changed.
     ``dtype``: fp32, bf16 or fp16 for the sharded run (the reference is always CPU fp32). ``device``: auto (GPUs
     when this node has one per local rank), cpu or cuda. ``rendezvous``: master_addr, master_port, world_size,
     node_rank, nproc_per_node to join a multi-node world; without it all ranks run here. ``fault``: a test hook,
@@ -58,11 +58,15 @@ def run_sharded(config: dict | None, *, tp: int = 1, pp: int = 1, ep: int = 1, d
     if decode_steps < 0 or prompt_tokens < 1:
         raise ValueError("decode_steps must be >= 0 and prompt_tokens >= 1")
     parse_fault(fault, layout.world_size)
+    reduction = None
     if weights_path is None:
         if not isinstance(config, dict):
             raise ValueError("give a config dict or a weights_path")
         if shrink:
-            config = small_config(config, **(shrink if isinstance(shrink, dict) else {}))
+            from ..models import reduce_for_layout
+
+            reduction = reduce_for_layout(config, tp=tp, pp=pp, ep=ep)
+            config = reduction.config
     if rendezvous is None:
         rendezvous = {"master_addr": "127.0.0.1", "master_port": free_port(), "world_size": layout.world_size,
                       "node_rank": 0, "nproc_per_node": layout.world_size}
@@ -78,9 +82,13 @@ def run_sharded(config: dict | None, *, tp: int = 1, pp: int = 1, ep: int = 1, d
            "layout": {"tp": tp, "pp": pp, "ep": ep},
            "dtype": dtype, "decode_steps": decode_steps, "seed": seed, "prompt_tokens": prompt_tokens,
            "device": _device(device, nproc), "timeout_s": timeout_s, "fault": fault}
-    return launch_ranks(job, nproc_per_node=nproc, node_rank=node_rank, world_size=world_size,
-                        master_addr=str(rendezvous["master_addr"]), master_port=int(rendezvous["master_port"]),
-                        timeout_s=timeout_s, progress=progress)
+    report = launch_ranks(job, nproc_per_node=nproc, node_rank=node_rank, world_size=world_size,
+                          master_addr=str(rendezvous["master_addr"]), master_port=int(rendezvous["master_port"]),
+                          timeout_s=timeout_s, progress=progress)
+    if reduction is not None:
+        report["reduction"] = {"full_layers": reduction.full_layers, "layers": reduction.layers,
+                               "notes": reduction.notes}
+    return report
 
 
 def _fault(fault: str) -> None:

@@ -123,7 +123,7 @@ def run_rank(job: dict) -> dict:
 
     from .compare import compare_traces
     from .exchange import all_gather_json, broadcast_json
-    from .configs import build_model
+    from ..models import build_random_model, load_checkpoint, load_config
     from .expert_parallel import experts_modules
     from .layout import Layout, parse_fault
     from .measure import CollectiveMeter, RoutingRecorder, peak_memory, routing_summary
@@ -154,7 +154,11 @@ def run_rank(job: dict) -> dict:
     meter = CollectiveMeter(device)
 
     _progress(0.15, f"rank {rank}: building the model")
-    model = build_model(job.get("config"), seed=job["seed"], weights_path=job.get("weights_path"))
+    # Same seed, same CPU build on every rank: every rank holds identical weights before it keeps its shard (the
+    # fingerprint check below proves it across machines).
+    model = (load_checkpoint(job["weights_path"]) if job.get("weights_path") else
+             build_random_model(load_config(job["config"]), dtype=torch.float32, device=torch.device("cpu"),
+                                seed=job["seed"]))
     config = model.config
     summary = _model_summary(config, model)
     _check_identical_weights(model, world_size, device)

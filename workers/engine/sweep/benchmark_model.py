@@ -11,20 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from ..models.loading import causal_lm_config, load_config, text_config_dict
-from ..models.reducer import reduce_config
+from ..models.loading import causal_lm_config, load_config
+from ..models.reducer import deepen, reduce_config
 
 MIN_LAYERS = 2
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32}
-
-
-def _deepen(reduced: dict, full_text: dict, layers: int) -> None:
-    """Repeat a one-kind reduced model's layer to ``layers`` layers, per-layer lists included."""
-    full_layers = full_text["num_hidden_layers"]
-    for key, value in full_text.items():
-        if isinstance(value, list) and len(value) == full_layers and isinstance(reduced.get(key), list):
-            reduced[key] = reduced[key][:1] * layers
-    reduced["num_hidden_layers"] = layers
 
 
 def benchmark_config(config: dict, *, reduce: bool = True) -> tuple[dict, dict]:
@@ -37,7 +28,7 @@ def benchmark_config(config: dict, *, reduce: bool = True) -> tuple[dict, dict]:
     reduced = dict(reduction.config)
     notes = list(reduction.notes)
     if reduction.layers < MIN_LAYERS:
-        _deepen(reduced, text_config_dict(config), MIN_LAYERS)
+        deepen(reduced, causal_lm_config(load_config(config)), MIN_LAYERS)
         notes.append(f"one layer kind: its layer repeated to {MIN_LAYERS} layers for benchmarking")
     causal_lm_config(load_config(reduced))  # raises if the deepened config is inconsistent
     return reduced, {"reduced": True, "model_type": config.get("model_type"), "layers": reduced["num_hidden_layers"],

@@ -196,3 +196,35 @@ def test_the_cli_prints_the_report_as_json_without_django():
 def test_the_shard_stage_refuses_an_unknown_parameter_before_starting_ranks():
     with pytest.raises(ValueError, match="tensor_parallel: sharded_run takes no such parameter; it takes: tp, pp"):
         shard_stage({"config": load("llama-3.1-8b.json"), "tensor_parallel": 2}, lambda fraction, message: None)
+
+
+def test_every_tensor_parallel_style_transformers_plans_with_is_supported():
+    """Fails when a transformers release (or a model added to it) plans with a style d0 cannot apply."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES
+
+    from workers.engine.sharding.tensor_parallel import SUPPORTED_STYLES
+
+    used: dict[str, set[str]] = {}
+    for model_type in CONFIG_MAPPING_NAMES:
+        try:
+            plan = getattr(CONFIG_MAPPING[model_type], "base_model_tp_plan", None) or {}
+        except (ImportError, KeyError, AttributeError):
+            continue
+        for style in plan.values():
+            used.setdefault(style, set()).add(model_type)
+    assert len(used) >= 10
+    assert {style: sorted(models)[:3] for style, models in used.items() if style not in SUPPORTED_STYLES} == {}
+
+
+@pytest.mark.parametrize("name, config", [
+    # MLA with its latent projection (mla_kv_a_proj): heads split in q_b_proj, kv_b_proj and o_proj.
+    ("deepseek-v3.2", lambda: load("deepseek-v3.2.json")),
+    # GLM's dense MLP: down_proj's input arrives whole (rowwise_split_input).
+    ("glm4", lambda: __import__("transformers").Glm4Config().to_dict() | {"model_type": "glm4"}),
+    # Llama-4's experts: down_proj packed along its input (packed_rowwise).
+    ("llama-4-scout", lambda: load("llama-4-scout-17b-16e-instruct.partial.json")),
+])
+def test_styles_that_once_refused_to_shard_now_match_the_reference(name, config):
+    report = run_sharded(config(), tp=2, decode_steps=4, timeout_s=240)
+    assert report["correct"], (name, report["max_abs_diff"])
+    assert report["greedy_match"]

@@ -11,6 +11,14 @@ shard on purpose, and the same code runs on gloo and nccl. The meaning of each s
 - ``moe_tp_experts``: the experts module's output is a partial sum over the intermediate split: all_reduce.
 - ``colwise_gather_output``: the LM head split by vocabulary; logits are all-gathered.
 - ``embedding_rowwise``: the embedding table split by vocabulary; each rank looks up its rows, all_reduce.
+- ``embedding_colwise``: the embedding table split by hidden dim; the looked-up parts are all-gathered.
+- ``rowwise_split_input``: ``rowwise`` for a module whose input arrives whole: each rank takes its slice first.
+- ``packed_rowwise``: ``rowwise`` on a parameter whose input features are two packed halves, split per half.
+- ``all_reduce``: the module's output is a partial sum: all_reduce.
+- ``moe_identity_expert``: an identity "expert" (LongCat's zero experts) sees its input divided by the group size,
+  so the experts' all_reduce adds it up once.
+- ``mla_kv_a_proj``, ``replicate``, ``local_params``, ``replicated*``: every rank keeps the whole module (MLA's
+  latent projection: transformers' style only all-reduces its rope part's gradient, which inference has none of).
 """
 
 from __future__ import annotations
@@ -18,8 +26,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-REPLICATED_STYLES = ("replicated_with_grad_allreduce", "replicated")
+REPLICATED_STYLES = ("replicated_with_grad_allreduce", "replicated", "replicate", "local_params", "mla_kv_a_proj")
 COLUMN_STYLES = ("colwise", "packed_colwise")
+# Every style this module applies; tests/test_sharding.py fails when a transformers release plans with another.
+SUPPORTED_STYLES = frozenset({*REPLICATED_STYLES, *COLUMN_STYLES, "rowwise", "rowwise_split_input", "packed_rowwise",
+                              "moe_tp_experts", "all_reduce", "moe_identity_expert", "colwise_gather_output",
+                              "embedding_rowwise", "embedding_colwise"})
 
 
 @dataclass
@@ -85,6 +97,15 @@ def _gather_output_hook(meter, group: Group):
 
     def hook(_module, _args, output):
         return torch.cat(meter.all_gather(output.contiguous(), group.handle, group.size), dim=-1)
+
+    return hook
+
+
+def _split_input_hook(group: Group, name: str):
+    """This rank's slice of the last dim of a module's whole input (what ``rowwise`` would have received)."""
+
+    def hook(_module, args):
+        return (_take(args[0], -1, group.rank, group.size, name), *args[1:])
 
     return hook
 
@@ -159,8 +180,8 @@ def _apply_style(model, modules: dict, name: str, style: str, group: Group, mete
             # An interleaved [g0, u0, g1, u1, ...] layout keeps gate and up together under a contiguous split.
             packed = style == "packed_colwise" and getattr(owner, "is_concatenated", True)
             _set_parameter(owner, attribute, split(tensor, out_dim, group, name, packed=packed, misplit=misplit))
-        elif style == "rowwise":
-            _set_parameter(owner, attribute, split(tensor, in_dim, group, name))
+        elif style in ("rowwise", "packed_rowwise"):
+            _set_parameter(owner, attribute, split(tensor, in_dim, group, name, packed=style == "packed_rowwise"))
         else:
             raise ValueError(f"tensor-parallel style {style!r} on parameter {name} is not supported")
         return
@@ -168,14 +189,21 @@ def _apply_style(model, modules: dict, name: str, style: str, group: Group, mete
         _set_parameter(module, "weight", split(module.weight.data, 0, group, name, misplit=misplit))
         if module.bias is not None:
             _set_parameter(module, "bias", split(module.bias.data, 0, group, name, misplit=misplit))
-    elif style == "rowwise" and isinstance(module, torch.nn.Linear):
+    elif style in ("rowwise", "rowwise_split_input") and isinstance(module, torch.nn.Linear):
         _set_parameter(module, "weight", split(module.weight.data, 1, group, name))
         if module.bias is not None and group.rank:
             # The bias is added once: kept on group rank 0, zero elsewhere, restored by the all_reduce.
             _set_parameter(module, "bias", torch.zeros_like(module.bias.data))
+        if style == "rowwise_split_input":
+            module.register_forward_pre_hook(_split_input_hook(group, name))
         module.register_forward_hook(_reduce_output_hook(meter, group))
-    elif style == "moe_tp_experts":
+    elif style in ("moe_tp_experts", "all_reduce"):
         module.register_forward_hook(_reduce_output_hook(meter, group))
+    elif style == "moe_identity_expert":
+        module.register_forward_pre_hook(lambda _module, args: (args[0] / group.size, *args[1:]))
+    elif style == "embedding_colwise" and isinstance(module, torch.nn.Embedding):
+        _set_parameter(module, "weight", split(module.weight.data, 1, group, name))
+        module.register_forward_hook(_gather_output_hook(meter, group))
     elif style == "colwise_gather_output" and isinstance(module, torch.nn.Linear):
         _set_parameter(module, "weight", split(module.weight.data, 0, group, name))
         if module.bias is not None:

@@ -7,6 +7,7 @@ path (every layer kind, the release's head dims).
 """
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -235,6 +236,17 @@ def test_a_member_sees_the_verdict_each_rank_and_the_expert_load(member, sharded
     assert data["routing"]["layers"] == ["layer 0"] and len(data["routing"]["experts"]) == 4
     assert sum(data["routing"]["tokens"][0]) == (8 + 4) * 2  # every token's top-2 choices
     assert "random weights" in data["routing"]["warning"]
+    assert re.search(r"each rank holds up to 50\.\d % of its stage's", page) and "Weakly sharded" not in page
+
+
+@pytest.mark.django_db
+def test_a_weakly_sharded_run_says_what_stays_whole(member, model_spec, node, engine_report):
+    split = {"ideal_share": 0.5, "largest_share": 0.85, "weakly_sharded": True, "replicated_share": 0.69,
+             "largest_replicated": [{"name": "model.layers.0.self_attn.q_proj.weight", "params": 1 << 20}]}
+    page = logged_in(member).get(f"/stage-runs/{finished_run(model_spec, node, {**engine_report, 'split': split}).pk}"
+                                 "/sharded/").content.decode()
+    assert "<b>Weakly sharded:</b> each rank holds up to 85.0 %" in page and "ideal 50.0 %" in page
+    assert "69.0 % stays whole on every rank" in page and "model.layers.0.self_attn.q_proj.weight" in page
 
 
 @pytest.mark.django_db

@@ -125,7 +125,16 @@ def run_figures(report: dict, node_names: list[str]) -> dict:
         "thresholds": threshold_lines(report.get("thresholds") or {}),
         "corrupted": [(row["rank"], ", ".join(f"{kind} {name}" for kind, name in row["corrupted"].items()))
                       for row in ranks if row["corrupted"]],
+        "split": _split(report.get("split")),
     }
+
+
+def _split(split: dict | None) -> dict | None:
+    """The split verdict as the page words it (shares as percentages)."""
+    if not split:
+        return None
+    return {**split, "largest": _percent(split["largest_share"]), "ideal": _percent(split["ideal_share"]),
+            "replicated": _percent(split["replicated_share"])}
 
 
 def one_run_per_job(runs) -> list[dict]:

@@ -108,12 +108,27 @@ def _shard(model, layout, stage: int, group, meter, fault) -> tuple[dict, list[l
     if layout.pp > 1:
         sharding["pipeline"] = keep_stage(model, stage, layout.pp, corrupt=corrupt and layout.group_size == 1)
         stages = sharding["pipeline"]["all_stages"]
+    stage_parameters = {name: parameter.numel() for name, parameter in model.named_parameters()}
     if layout.ep > 1:
         sharding["experts"] = apply_expert_parallel(model, group, meter, corrupt=corrupt_ep)
     if layout.tp > 1:
         sharding["tensor"] = apply_tensor_parallel(model, group, meter, skip_modules=(ExpertParallelExperts,),
                                                    corrupt=corrupt_tp)
+    if layout.group_size > 1:
+        sharding["split"] = _split_share(stage_parameters, model)
     return sharding, stages
+
+
+def _split_share(stage_parameters: dict[str, int], model) -> dict:
+    """How much of its stage's parameters this rank holds after the tensor/expert split, and the largest
+    parameters that every rank holds whole (what keeps the share above 1/group)."""
+    held = {name: parameter.numel() for name, parameter in model.named_parameters()}
+    whole = sorted(((name, count) for name, count in held.items() if stage_parameters.get(name) == count),
+                   key=lambda item: -item[1])
+    return {"held_params": sum(held.values()), "stage_params": sum(stage_parameters.values()),
+            "share": sum(held.values()) / max(sum(stage_parameters.values()), 1),
+            "replicated_params": sum(count for _, count in whole),
+            "largest_replicated": [{"name": name, "params": count} for name, count in whole[:5]]}
 
 
 def run_rank(job: dict) -> dict:
@@ -218,7 +233,9 @@ def run_rank(job: dict) -> dict:
         "decode_s_per_step": sum(decode_seconds) / len(decode_seconds) if decode_seconds else None,
         "decode_s_max": max(decode_seconds, default=None),
         "collectives": meter.report(),
-        "corrupted": {kind: part["corrupted"] for kind, part in sharding.items() if part.get("corrupted")} or None,
+        "corrupted": {kind: part["corrupted"] for kind, part in sharding.items()
+                      if isinstance(part, dict) and part.get("corrupted")} or None,
+        "split": sharding.get("split"),
         "routing_counts": recorder.counts,
     }
     _progress(0.9, f"rank {rank}: gathering figures")
@@ -248,7 +265,24 @@ def run_rank(job: dict) -> dict:
     }
     if routing_counts:
         report["routing"] = routing_summary(routing_counts, layout.ep, random_weights=random_weights)
+    if layout.group_size > 1:
+        report["split"] = split_verdict([figure["split"] for figure in gathered], layout.group_size)
     return report
+
+
+WEAK_SPLIT_MARGIN = 0.10
+
+
+def split_verdict(splits: list[dict], group_size: int) -> dict:
+    """Whether the layout really divides the model: a rank holding more than 1/group + 10% of its stage's
+    parameters is "weakly sharded" (gpt-oss split by its plan at tp=2 kept its attention and experts whole), named
+    with what every rank keeps whole. A correct but weakly sharded run validates less than its layout claims."""
+    worst = max(splits, key=lambda split: split["share"])
+    ideal = 1 / group_size
+    return {"ideal_share": ideal, "largest_share": worst["share"],
+            "weakly_sharded": worst["share"] > ideal + WEAK_SPLIT_MARGIN,
+            "replicated_share": worst["replicated_params"] / max(worst["stage_params"], 1),
+            "largest_replicated": worst["largest_replicated"]}
 
 
 def main(job_path: str) -> int:

@@ -239,3 +239,19 @@ def test_a_layout_whose_plan_leaves_most_weights_whole_is_reported_weakly_sharde
     assert any(".self_attn." in item["name"] for item in weak["split"]["largest_replicated"])
     even = run_sharded(load("llama-3.1-8b.json"), tp=2, decode_steps=2, timeout_s=240)
     assert not even["split"]["weakly_sharded"] and abs(even["split"]["largest_share"] - 0.5) < 0.01
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b.json", "qwen3-30b-a3b.json", "deepseek-v3.2.json", "jamba-v0.1.json",
+                                  "llama-4-scout-17b-16e-instruct.partial.json", "kimi-k2-instruct.json",
+                                  "gpt-oss-20b.json"])
+def test_a_mis_split_shard_is_detected_on_every_family_or_the_fault_is_refused(name):
+    """corrupt_shard must corrupt a split tensor (and the verdict must catch it), or refuse: a fault that touched
+    nothing would let a correct verdict pass for a detection."""
+    try:
+        report = run_sharded(load(name), tp=2, decode_steps=2, fault="corrupt_shard", timeout_s=240)
+    except ShardedRunError as refused:
+        assert "no shard to mis-split" in str(refused)
+        assert name == "gpt-oss-20b.json"  # its plan in the pinned transformers splits no layer
+        return
+    assert report["ranks"][1]["corrupted"]["tensor"]
+    assert report["correct"] is False and report["max_abs_diff"] > 1e-3

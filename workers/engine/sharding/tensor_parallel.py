@@ -129,12 +129,18 @@ def _vocab_parallel_hooks(meter, group: Group, start: int, end: int):
     return before, after
 
 
-def _fault_target(plan: dict, targets: dict) -> str | None:
-    """The MLP column split of the lowest layer this rank holds: where ``corrupt_shard`` mis-splits."""
-    candidates = [name for key, style in plan.items() if style in COLUMN_STYLES for name in targets.get(key, ())
-                  if ".mlp." in name]
+def _fault_target(plan: dict, targets: dict) -> str:
+    """Where ``corrupt_shard`` mis-splits: the MLP column split of the lowest layer this rank holds, else any other
+    column split of a layer (attention's). A layout with no column split to corrupt refuses the fault: a fault
+    that corrupted nothing would make a correct verdict look like a detection test that passed."""
     layer = re.compile(r"\.layers\.(\d+)\.")
-    return min(candidates, key=lambda name: int(layer.search(name).group(1)), default=None)
+    splits = [name for key, style in plan.items() if style in COLUMN_STYLES for name in targets.get(key, ())
+              if layer.search(name)]
+    target = min(splits, key=lambda name: (".mlp." not in name, int(layer.search(name).group(1))), default=None)
+    if target is None:
+        raise ValueError("fault corrupt_shard: this layout splits no layer's weights by columns, so there is no "
+                         "shard to mis-split")
+    return target
 
 
 def apply_tensor_parallel(model, group: Group, meter, *, skip_modules: tuple[type, ...] = (),

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from workers.engine.sweep import SweepFailed, run_sweep, sweep_stage
+from workers.engine.sweep import backends
 from workers.engine.sweep.backends import BACKENDS, TransformersContinuousBatching, TrialParams
 from workers.engine.sweep.metrics import RequestRecord, percentile, summarize
 from workers.engine.sweep.benchmark_model import dynamic_int8_unsupported
@@ -369,13 +370,36 @@ def test_the_stage_rejects_unknown_parameters_and_a_missing_config():
 def test_a_sweep_stage_in_which_no_trial_completes_fails_with_the_trials_reasons(monkeypatch):
     """A stage that produced no result has failed: the whole adaptation once showed Succeeded for a DeepSeek-V3
     whose sweep completed 0 of 12 trials (MLA did not fit the paged cache)."""
-    def refuse(self, model, cost, trial):
-        raise RuntimeError("index_copy_(): the paged cache cannot hold this attention")
+    def refuse(*args):
+        raise RuntimeError("index_copy_(): neither the paged cache nor the model's own can hold this attention")
 
     monkeypatch.setattr(TransformersContinuousBatching, "_serve", refuse)
+    monkeypatch.setattr(backends, "_serve_static", refuse)
     with pytest.raises(SweepFailed, match=r"^no trial of 2 completed: 2 × failed: RuntimeError: index_copy_"):
         sweep_stage({"config": QWEN3, "grid": {"precision": ["fp32"], "batch_size": [1, 2], "page_size": [16],
                                                "max_batch_tokens": [64]},
                      "workload": {"requests": 2, "prompt_len": 8, "output_len": 2}, "device": "cpu",
                      "hardware": {"memory_bandwidth_bytes_per_s": 2e10, "flops_per_s": {"fp32": 1e11}}},
                     lambda fraction, message: None)
+
+
+def test_an_architecture_the_paged_cache_cannot_hold_is_served_by_static_batches_and_says_so():
+    """DeepSeek-V3's MLA does not fit transformers' paged cache; its trials are served by the model's own cache in
+    static batches, marked as such with the reason, instead of all failing."""
+    config = json.loads((QWEN3_PATH.parent / "deepseek-v3.json").read_text())
+    result = run_sweep(config, grid={"precision": ["fp32"], "batch_size": [1, 2], "page_size": [16],
+                                     "max_batch_tokens": [64]},
+                       workload={"requests": 4, "prompt_len": 8, "output_len": 4}, device="cpu",
+                       hardware={"memory_bandwidth_bytes_per_s": 2e10, "flops_per_s": {"fp32": 1e11}})
+    assert [trial["status"] for trial in result["trials"]] == ["ok", "ok"]
+    for trial in result["trials"]:
+        assert trial["details"]["serving_path"].startswith("static batches") and trial["details"]["paged_cache_error"]
+        assert trial["metrics"]["output_tokens_per_s"] > 0 and trial["metrics"]["ttft_s"]["p50"] > 0
+    [(path, served)] = result["serving_paths"].items()
+    assert "page_size and max_batch_tokens are not knobs" in path and served["trials"] == 2 and served["why"]
+    assert result["best"] is not None
+    plain = run_sweep(QWEN3, grid={"precision": ["fp32"], "batch_size": [2], "page_size": [16],
+                                   "max_batch_tokens": [64]},
+                      workload={"requests": 2, "prompt_len": 8, "output_len": 2}, device="cpu",
+                      hardware={"memory_bandwidth_bytes_per_s": 2e10, "flops_per_s": {"fp32": 1e11}})
+    assert list(plain["serving_paths"]) == ["continuous batching with a paged KV cache"]

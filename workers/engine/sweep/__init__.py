@@ -124,6 +124,7 @@ def run_sweep(config: dict, *, grid: dict, workload: dict, search: str = "grid",
     return {
         "model": bench.model_description,
         "backend": bench.describe(),
+        "serving_paths": _serving_paths(trials),
         "backends": {name: {"available": cls.available(), "unavailable_reason": cls.unavailable_reason()}
                      for name, cls in BACKENDS.items()},
         "grid": {key: list(dict.fromkeys(getattr(params, key) for params in configs)) for key in GRID_KEYS},
@@ -134,6 +135,20 @@ def run_sweep(config: dict, *, grid: dict, workload: dict, search: str = "grid",
         "roofline": figures,
         "metric_definitions": DEFINITIONS,
     }
+
+
+def _serving_paths(trials: list[dict]) -> dict:
+    """Which path served how many trials, and why a trial was not served by the paged cache: numbers from static
+    batches measure another thing (no paging, waves instead of continuous batching), so the report says so."""
+    paths: dict = {}
+    for trial in trials:
+        details = trial.get("details") or {}
+        if trial.get("status") != "ok":
+            continue
+        path = details.get("serving_path", "continuous batching with a paged KV cache")
+        entry = paths.setdefault(path, {"trials": 0, "why": details.get("paged_cache_error")})
+        entry["trials"] += 1
+    return paths
 
 
 def sweep_stage(params: dict, progress) -> dict:

@@ -228,6 +228,7 @@ class TransformersContinuousBatching(BenchmarkBackend):
         self.model_config, self.model_description = benchmark_config(config, reduce=reduce)
         self.vocab_size = causal_lm_config(load_config(self.model_config)).vocab_size
         self._loaded: tuple[str, object, ModelCost] | None = None
+        self.paged_cache_error: str | None = None  # set once continuous batching failed on this architecture
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -279,7 +280,16 @@ class TransformersContinuousBatching(BenchmarkBackend):
             return TrialResult(params, "unsupported", reason)
         try:
             model, cost = self._model(params.precision)
-            return self._serve(model, cost, trial)
+            if self.paged_cache_error is None:
+                try:
+                    return self._serve(model, cost, trial)
+                except Exception as error:
+                    if is_out_of_memory(error):
+                        raise
+                    # The paged cache cannot hold this architecture's attention state (MLA's latent, Mamba and
+                    # linear-attention state, an indexer): every later trial is served by static batches instead.
+                    self.paged_cache_error = _describe_error(error)
+            return _serve_static(model, cost, trial, self.device, self.vocab_size, self.paged_cache_error)
         except Exception as error:  # a failed configuration is a result of the sweep, not the end of it
             if is_out_of_memory(error):
                 self._release()
@@ -329,6 +339,80 @@ class TransformersContinuousBatching(BenchmarkBackend):
         memory_figures = {**memory.result(), "kv_cache_bytes": kv_cache_bytes,
                           "weight_bytes": cost.dense_weight_bytes + cost.expert_weight_bytes}
         return TrialResult(params, "ok", None, records, cost, memory_figures, details)
+
+
+STATIC_PATH = ("static batches: the model's own cache (no paging), each wave of batch_size requests prefilled "
+               "together and decoded to its longest output; page_size and max_batch_tokens are not knobs here")
+
+
+def _serve_static(model, cost: ModelCost, trial: Trial, device: torch.device, vocab_size: int,
+                  paged_cache_error: str) -> TrialResult:
+    """Serve the trial's requests in waves of at most ``batch_size`` with the model's own forward and cache, the
+    way ``generate`` does, timing every token. A wave starts once its requests have arrived (Poisson arrivals wait
+    for their wave: their TTFT includes that wait) and runs until its longest output is done."""
+    params, workload = trial.params, trial.workload
+    wave_size = min(params.batch_size, workload.in_flight_limit(params.batch_size) or params.batch_size)
+    measured = workload.measured_requests(vocab_size)
+    warmup = workload.warmup(vocab_size, params.batch_size)
+    memory = PeakMemory(device)
+    deadline = time.perf_counter() + workload.timeout_s
+    _static_waves(model, warmup, wave_size, device, deadline, None)
+    memory.reset()
+    records = _static_waves(model, measured, wave_size, device, deadline, memory.sample)
+    details = {"serving_path": STATIC_PATH, "paged_cache_error": paged_cache_error,
+               "attention": model.config._attn_implementation, "wave_size": wave_size,
+               "warmup_requests": len(warmup)}
+    memory_figures = {**memory.result(), "kv_cache_bytes": None,
+                      "weight_bytes": cost.dense_weight_bytes + cost.expert_weight_bytes}
+    return TrialResult(params, "ok", None, records, cost, memory_figures, details)
+
+
+def _static_waves(model, requests: list[Request], wave_size: int, device: torch.device, deadline: float,
+                  on_step) -> list[RequestRecord]:
+    records = []
+    started = time.perf_counter()
+    for first in range(0, len(requests), wave_size):
+        wave = requests[first:first + wave_size]
+        # A wave goes once its last request has arrived; each request's send time is its own arrival.
+        arrivals = [started + request.arrival_s for request in wave]
+        while time.perf_counter() < max(arrivals):
+            time.sleep(min(POLL_SECONDS, max(arrivals) - time.perf_counter()))
+        send_times = [max(arrival, started) for arrival in arrivals]
+        token_times = _decode_wave(model, wave, device, deadline, on_step)
+        records += [RequestRecord(send_time=sent, token_times=times, prompt_tokens=len(request.prompt_ids))
+                    for sent, times, request in zip(send_times, token_times, wave, strict=True)]
+    return records
+
+
+def _decode_wave(model, wave: list[Request], device: torch.device, deadline: float, on_step) -> list[list[float]]:
+    """Greedy decoding of one wave (left-padded prompts, the model's own cache); per request, when each of its
+    output tokens came out."""
+    longest = max(len(request.prompt_ids) for request in wave)
+    ids = torch.zeros((len(wave), longest), dtype=torch.long)
+    mask = torch.zeros((len(wave), longest), dtype=torch.long)
+    for row, request in enumerate(wave):
+        ids[row, longest - len(request.prompt_ids):] = torch.tensor(request.prompt_ids)
+        mask[row, longest - len(request.prompt_ids):] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    times: list[list[float]] = [[] for _ in wave]
+    cache = None
+    with torch.inference_mode():
+        for step in range(max(request.output_tokens for request in wave)):
+            output = model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
+            cache = output.cache
+            ids = output.logits[:, -1:].argmax(-1)
+            if device.type != "cpu":
+                torch.get_device_module(device.type).synchronize(device)
+            now = time.perf_counter()
+            for row, request in enumerate(wave):
+                if step < request.output_tokens:
+                    times[row].append(now)
+            mask = torch.cat([mask, torch.ones((len(wave), 1), dtype=mask.dtype, device=device)], dim=1)
+            if on_step is not None:
+                on_step()
+            if now > deadline:
+                raise TimeoutError("the trial's time ran out in the middle of a wave")
+    return times
 
 
 BACKENDS: dict[str, type[BenchmarkBackend]] = {

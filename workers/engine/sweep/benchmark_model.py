@@ -30,9 +30,9 @@ def benchmark_config(config: dict, *, reduce: bool = True) -> tuple[dict, dict]:
     if reduction.layers < MIN_LAYERS:
         deepen(reduced, causal_lm_config(load_config(config)), MIN_LAYERS)
         notes.append(f"one layer kind: its layer repeated to {MIN_LAYERS} layers for benchmarking")
-    causal_lm_config(load_config(reduced))  # raises if the deepened config is inconsistent
-    return reduced, {"reduced": True, "model_type": config.get("model_type"), "layers": reduced["num_hidden_layers"],
-                     "full_layers": reduction.full_layers, "hidden_size": reduced.get("hidden_size"),
+    text = causal_lm_config(load_config(reduced))  # raises if the deepened config is inconsistent
+    return reduced, {"reduced": True, "model_type": config.get("model_type"), "layers": text.num_hidden_layers,
+                     "full_layers": reduction.full_layers, "hidden_size": text.hidden_size,
                      "layer_kinds": reduction.layer_kinds, "notes": notes}
 
 

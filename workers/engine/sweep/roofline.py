@@ -77,17 +77,21 @@ def _first_int(config, keys) -> int | None:
     return next((getattr(config, key) for key in keys if isinstance(getattr(config, key, None), int)), None)
 
 
+# Layer types whose cache grows with every token (transformers' names); the others (linear attention, Mamba)
+# keep a state of fixed size, which the per-token roofline leaves out.
+ATTENTION_LAYER_TYPES = {"full_attention": False, "sliding_attention": True, "chunked_attention": True}
+
+
 def kv_layers(text_config, activation_bytes: int) -> tuple[tuple[int, int | None], ...]:
-    """Per attention layer, the KV bytes a token adds and its window, grouped as transformers' paged cache does."""
-    from transformers.generation.continuous_batching.cache import group_layers_by_attn_type
+    """Per attention layer, the KV bytes a token adds and its window (sliding or chunked), as transformers'
+    paged cache sizes them; layers without a per-token cache add none."""
     from transformers.generation.continuous_batching.utils import find_head_dim, find_num_key_value_heads
 
     per_token = 2 * find_num_key_value_heads(text_config) * find_head_dim(text_config) * activation_bytes
-    layers = []
-    for kind, indices in group_layers_by_attn_type(text_config).items():
-        window = text_config.sliding_window if kind == "sliding_attention" else None
-        layers.extend([(per_token, window)] * len(indices))
-    return tuple(layers)
+    types = getattr(text_config, "layer_types", None) or ["full_attention"] * text_config.num_hidden_layers
+    window = getattr(text_config, "sliding_window", None) or getattr(text_config, "attention_chunk_size", None)
+    return tuple((per_token, window if ATTENTION_LAYER_TYPES[kind] else None) for kind in types
+                 if kind in ATTENTION_LAYER_TYPES)
 
 
 def model_cost(model, weight_bytes_of, activation_bytes: int) -> ModelCost:

@@ -15,6 +15,7 @@ import psutil
 import pytest
 from django.test import Client
 from django.utils import timezone
+from django.utils.html import escape
 
 from adaptation.models import AdaptationJob, EnvReport, ModelSpec, Node, StageRun
 from tests.harness import wait_for
@@ -295,3 +296,13 @@ def test_the_pages_run_a_fixed_number_of_queries_whatever_the_number_of_runs(mem
     for status in ("succeeded", "failed", "succeeded"):
         finished_run(model_spec, node, engine_report, status=status, nodes=2)
     assert queries_for(lambda: client.get(f"/models/{model_spec.pk}/sharded-runs/")) == 2 + 2
+
+
+@pytest.mark.django_db
+def test_a_run_of_the_generic_architecture_says_so_on_its_page(member, model_spec, node, engine_report):
+    note = ("generic architecture: the release's own modeling code was not run; d0 built a Mixtral-shaped decoder "
+            "(routed experts) from the config's standard keys; keys not interpreted: attn_output_multiplier")
+    report = {**engine_report, "reduction": {"layers": 1, "full_layers": 64, "notes": [note, "64 layers -> 1"]}}
+    page = logged_in(member).get(f"/stage-runs/{finished_run(model_spec, node, report).pk}/sharded/").content.decode()
+    assert "reduced to 1 of 64 layers" in page
+    assert f'<li class="notice">{escape(note)}</li>' in page and '<li class="hint">64 layers -&gt; 1</li>' in page

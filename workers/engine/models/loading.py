@@ -28,14 +28,33 @@ def _numbers_back(value):
     return value
 
 
+def canonical_config(config: dict) -> tuple[dict, str | None]:
+    """The config a model is built from, and the note a report must carry when it is not the release's own: a
+    config no transformers architecture fits becomes d0's generic decoder of its shape (``models.generic``)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if not isinstance(config, dict):
+        raise ValueError(f"a model config must be a JSON object, not {type(config).__name__}")
+    if config.get("model_type") in CONFIG_MAPPING_NAMES:
+        return config, None
+    from ..analysis.config_loading import ConfigView
+    from ..analysis.resolution import resolve
+
+    if resolve(ConfigView(config)).exact:
+        return config, None
+    from .generic import generic_config
+
+    return generic_config(config)
+
+
 def load_config(config: dict):
     """Build the transformers config for a config.json dict: ``AutoConfig.for_model(model_type, **rest)``.
 
     An unknown ``model_type`` is resolved the way model intake (``workers/engine/analysis``) resolves it: by the
-    ``architectures`` entry and key signature (``kimi_k2`` is a DeepSeek-V3). A config no transformers architecture
-    fits raises a ValueError with the reason: coverage needs a real model to trace. ``trust_remote_code`` is never
-    used. (Reduced configs come through here too, so known types skip intake's alias cross-checks: a reducer
-    shrinking ``num_experts`` leaves a stale ``num_local_experts`` that transformers ignores.)
+    ``architectures`` entry and key signature (``kimi_k2`` is a DeepSeek-V3); a config no transformers architecture
+    fits is built as d0's generic decoder of its shape (``canonical_config``). ``trust_remote_code`` is never used.
+    (Reduced configs come through here too, so known types skip intake's alias cross-checks: a reducer shrinking
+    ``num_experts`` leaves a stale ``num_local_experts`` that transformers ignores.)
     """
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
@@ -53,7 +72,7 @@ def load_config(config: dict):
     view = ConfigView(config)
     resolution = resolve(view)
     if not resolution.exact:
-        raise ValueError(f"no transformers architecture to trace: {resolution.note}")
+        return load_config(canonical_config(config)[0])
     return build_config(view, resolution.resolved_architecture)
 
 

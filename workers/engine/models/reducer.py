@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .loading import IGNORED_KEYS, build_meta_model, causal_lm_config, load_config, text_config_dict
+from .loading import (IGNORED_KEYS, build_meta_model, causal_lm_config, canonical_config, load_config,
+                      text_config_dict)
 
 VOCAB_SIZE = 512
 # Shorter than the traced prompt, so sliding-window and chunked-attention masks really cut something.
@@ -282,8 +283,10 @@ def reduce_config(config: dict, full_model=None) -> Reduction:
     """The tiny config that keeps every layer kind, divisibility rule and architecture invariant of ``config``.
 
     ``full_model`` is the full model on the meta device when the caller built it already (it is built otherwise).
+    A config no transformers class fits is reduced as d0's generic decoder of its shape, and the notes say so.
     Raises ValueError if the result breaks an invariant or loses a layer kind, which would be a reducer bug.
     """
+    config, generic_note = canonical_config(config)
     full = causal_lm_config(load_config(config))
     if full_model is None:
         full_model = build_meta_model(full)
@@ -292,7 +295,7 @@ def reduce_config(config: dict, full_model=None) -> Reduction:
 
     reduced = {key: value for key, value in copy.deepcopy(text_config_dict(config)).items()
                if key not in IGNORED_KEYS}
-    notes: list[str] = []
+    notes: list[str] = [generic_note] if generic_note else []
     quantization = config.get("quantization_config") or text_config_dict(config).get("quantization_config")
     if isinstance(quantization, dict):
         notes.append(f"quantization_config ({quantization.get('quant_method', 'unknown')}) not applied: the trace "
@@ -392,7 +395,7 @@ def reduce_for_layout(config: dict, *, tp: int = 1, pp: int = 1, ep: int = 1) ->
     would weigh more than ``MAX_LAYOUT_MODEL_BYTES`` in fp32."""
     reduction = reduce_config(config)
     reduced = copy.deepcopy(reduction.config)
-    full = causal_lm_config(load_config(config))
+    full = causal_lm_config(load_config(canonical_config(config)[0]))
     notes = list(reduction.notes)
     text = causal_lm_config(load_config(reduced))
     heads = text.num_attention_heads

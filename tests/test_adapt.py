@@ -13,11 +13,14 @@ from tests.conftest import job_status, node_online
 pytestmark = [pytest.mark.workers, pytest.mark.django_db(transaction=True)]
 
 
-def test_one_adapt_submission_runs_every_stage_and_produces_the_report(stack, team, owner, member, member_api):
+# Qwen3-MoE, and the trillion-scale DeepSeek family this exists for: Kimi-K2 (a model_type transformers does not
+# know, resolved as DeepSeek-V3) and DeepSeek-V3 (MLA, which transformers' paged cache cannot serve).
+@pytest.mark.parametrize("slug", ["qwen3-30b-a3b", "kimi-k2-instruct", "deepseek-v3"])
+def test_one_adapt_submission_runs_every_stage_and_produces_the_report(stack, team, owner, member, member_api, slug):
     cluster = team.clusters.create(name="local", expected_devices_per_node=1)
     stack.start_node("alpha/local", "adapt-node")
     wait_for(node_online("adapt-node"), 60, "node registration")
-    spec = intake.add_from_catalog(team=team, user=owner, slug="qwen3-30b-a3b")[0]
+    spec = intake.add_from_catalog(team=team, user=owner, slug=slug)[0]
 
     response = member_api.post(f"/api/models/{spec.pk}/adapt/", {"cluster": cluster.pk}, format="json")
     assert response.status_code == 201, response.json()

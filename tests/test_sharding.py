@@ -255,3 +255,12 @@ def test_a_mis_split_shard_is_detected_on_every_family_or_the_fault_is_refused(n
         return
     assert report["ranks"][1]["corrupted"]["tensor"]
     assert report["correct"] is False and report["max_abs_diff"] > 1e-3
+
+
+@pytest.mark.parametrize("name", ["dbrx.json", "jamba-v0.1.json"])
+def test_pipeline_stages_split_decoders_of_other_shapes_and_hybrid_caches(name):
+    """DBRX keeps its layers in transformer.blocks (not model.layers); Jamba's cache holds Mamba state for some
+    layers, which a stage that skips them must leave alone."""
+    report = run_sharded(load(name), pp=2, decode_steps=2, timeout_s=240)
+    assert report["correct"], report["max_abs_diff"]
+    assert report["layout"]["stages"][1][0] > 0

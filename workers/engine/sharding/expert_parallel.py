@@ -95,7 +95,9 @@ def apply_expert_parallel(model, group: Group, meter, *, corrupt: bool = False) 
     A pipeline stage may hold only dense layers (DeepSeek-V3's first ones) and then has nothing to replace.
     """
     if not getattr(model.config, "base_model_ep_plan", None):
-        raise ValueError(f"{type(model).__name__} declares no expert-parallel plan (is it a mixture of experts?)")
+        raise ValueError(f"{type(model).__name__} declares no expert-parallel plan in this transformers (a dense "
+                         "model, or an MoE like DBRX whose experts transformers does not dispatch): use tp, which "
+                         "splits each expert instead")
     names = [name for name, _, _ in experts_modules(model)]
     # The deliberate fault: the last rank loads its neighbour's experts while tokens still come to it by the
     # true ownership, like an expert map that is off by one block.

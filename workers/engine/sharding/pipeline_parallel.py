@@ -31,7 +31,10 @@ class SkippedLayer(nn.Module):
 
     def forward(self, hidden_states, *args, **kwargs):
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        if cache is not None:
+        layers = getattr(cache, "layers", None)
+        # A hybrid cache (Jamba, Qwen3-Next) keeps a state of fixed size for Mamba and linear-attention layers:
+        # those have no length to keep, and no update().
+        if cache is not None and (layers is None or hasattr(layers[self.layer_idx], "update")):
             batch, length = hidden_states.shape[:2]
             placeholder = hidden_states.new_zeros(batch, 1, length, 1)
             cache.update(placeholder, placeholder, self.layer_idx)
@@ -44,7 +47,8 @@ def keep_stage(model, stage: int, pp: int, *, corrupt: bool = False) -> dict:
     ``corrupt`` is the deliberate fault: the last stage's first layer loads the weights of the layer before it,
     a stage boundary placed one layer off.
     """
-    layers = model.model.layers
+    decoder = decoder_of(model)
+    layers = decoder_layers(model)
     ranges = stage_layer_ranges(len(layers), pp)
     owned = ranges[stage]
     corrupted = None
@@ -59,12 +63,43 @@ def keep_stage(model, stage: int, pp: int, *, corrupt: bool = False) -> dict:
         if index not in owned:
             layers[index] = SkippedLayer(index)
     if stage > 0:
-        model.model.embed_tokens = None
+        setattr(decoder, _attribute_of(decoder, model.get_input_embeddings()), None)
     if stage < pp - 1:
-        model.model.norm = nn.Identity()
+        setattr(decoder, _final_norm_attribute(decoder), nn.Identity())
         model.lm_head = None
     return {"layers": [owned.start, owned.stop - 1], "all_stages": [[r.start, r.stop - 1] for r in ranges],
             "corrupted": corrupted}
+
+
+FINAL_NORM_NAMES = ("norm", "norm_f", "final_layernorm", "ln_f", "final_norm")
+
+
+def decoder_of(model):
+    """The decoder inside a causal LM: ``model.model`` for most, ``model.transformer`` for DBRX and others."""
+    return getattr(model, model.base_model_prefix)
+
+
+def decoder_layers(model) -> nn.ModuleList:
+    """The decoder's list of layers, whatever it is called (``layers``, DBRX's ``blocks``, ``h``)."""
+    decoder = decoder_of(model)
+    count = model.config.get_text_config().num_hidden_layers
+    for _, module in decoder.named_children():
+        if isinstance(module, nn.ModuleList) and len(module) == count:
+            return module
+    raise ValueError(f"{type(model).__name__}: no list of {count} decoder layers to split into stages")
+
+
+def _attribute_of(owner, child) -> str:
+    return next(name for name, module in owner.named_children() if module is child)
+
+
+def _final_norm_attribute(decoder) -> str:
+    names = dict(decoder.named_children())
+    found = next((name for name in FINAL_NORM_NAMES if name in names), None)
+    if found is None:
+        raise ValueError(f"{type(decoder).__name__}: no final norm ({', '.join(FINAL_NORM_NAMES)}) to leave to the "
+                         "last stage")
+    return found
 
 
 def stage_forward(model, *, first: bool, last: bool, input_ids=None, hidden_states=None, position_ids, cache):
@@ -76,4 +111,4 @@ def stage_forward(model, *, first: bool, last: bool, input_ids=None, hidden_stat
     inputs = {"input_ids": input_ids} if first else {"inputs_embeds": hidden_states}
     if last:
         return model(**inputs, position_ids=position_ids, cache=cache, use_cache=True).logits
-    return model.model(**inputs, position_ids=position_ids, cache=cache, use_cache=True).last_hidden_state
+    return decoder_of(model)(**inputs, position_ids=position_ids, cache=cache, use_cache=True).last_hidden_state

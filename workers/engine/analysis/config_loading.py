@@ -68,9 +68,10 @@ KEYS = (
     Key("num_experts", ("n_routed_experts", "num_experts", "num_local_experts", "ffn_config.moe_num_experts",
                         "moe_num_experts"), low=0, high=2**14, per_layer=True),
     Key("experts_per_token", ("num_experts_per_tok", "experts_per_token", "n_activated_experts",
-                              "ffn_config.moe_top_k", "moe_top_k"), low=0, high=2**14, structural=False,
+                              "ffn_config.moe_top_k", "moe_top_k", "moe_topk"), low=0, high=2**14, structural=False,
         per_layer=True),
-    Key("num_shared_experts", ("n_shared_experts", "num_shared_experts"), low=0, high=2**10, neutral=0,
+    Key("num_shared_experts", ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts"), low=0, high=2**10,
+        neutral=0,
         per_layer=True),
     # Which layers are dense and which MoE: DeepSeek (first_k_dense_replace, moe_layer_freq), Qwen
     # (decoder_sparse_step), Llama-4 (interleave_moe_layer_step), Jamba (expert_layer_period/offset), Arctic
@@ -189,6 +190,8 @@ class ConfigView:
         self._per_layer: dict[str, list[int]] = {}  # keys given as one value per layer
         for key in KEYS:  # in order: the layer count is read before any per-layer list is checked against it
             self._values[key.name] = self._checked(key)
+            if key.name == "num_layers" and self._values["num_layers"] is None:
+                self._values["num_layers"] = self._layers_from_pattern()
         for name in ("hidden_size", "num_layers", "vocab_size"):
             if self._values[name] is None:
                 spellings = ", ".join(KEYS_BY_NAME[name].aliases)
@@ -233,6 +236,14 @@ class ConfigView:
             elif key.structural and value != chosen[1]:
                 raise ConfigError(f"{chosen[0]} = {chosen[1]} and {alias} = {value} disagree")
         return None if chosen is None else chosen[1]
+
+    def _layers_from_pattern(self) -> int | None:
+        """The layer count of a config that gives only its per-layer pattern (Nemotron-H's layers_block_type)."""
+        for name in (*LAYER_LISTS, "hybrid_override_pattern"):
+            value = self.get(name)
+            if isinstance(value, list | str) and 0 < len(value) <= KEYS_BY_NAME["num_layers"].high:
+                return len(value)
+        return None
 
     def _per_layer_value(self, key: Key, alias: str, values: list) -> int:
         """A per-layer list: each entry checked like a single value; the largest stands for the key, and

@@ -501,11 +501,12 @@ def test_an_moe_config_without_a_readable_top_k_is_refused_not_counted():
 
 
 def test_an_exact_count_far_from_the_estimate_says_so():
-    """ERNIE 4.5 starts its MoE layers at moe_layer_start_index, which d0's estimate does not read: the exact count
-    (transformers' model) and the estimate differ, and the report warns instead of staying silent."""
-    from transformers import Ernie4_5_MoeConfig
+    """JetMoE routes its attention through experts too (mixture of attention heads), which d0's estimate from the
+    config keys does not model: the exact count and the estimate differ, and the report warns instead of staying
+    silent."""
+    from transformers import JetMoeConfig
 
-    report = analyze({**Ernie4_5_MoeConfig().to_dict(), "model_type": "ernie4_5_moe"})
+    report = analyze({**JetMoeConfig().to_dict(), "model_type": "jetmoe"})
     assert any("d0's estimate from the config keys" in warning and "differ by" in warning
                for warning in report["warnings"])
     assert not any("estimate from the config keys" in warning

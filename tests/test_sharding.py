@@ -257,10 +257,12 @@ def test_a_mis_split_shard_is_detected_on_every_family_or_the_fault_is_refused(n
     assert report["correct"] is False and report["max_abs_diff"] > 1e-3
 
 
-@pytest.mark.parametrize("name", ["dbrx.json", "jamba-v0.1.json"])
+@pytest.mark.parametrize("name", ["dbrx.json", "jamba-v0.1.json", "nemotron-h-56b-base-8k.json",
+                                  "llama-4-scout-17b-16e-instruct.partial.json"])
 def test_pipeline_stages_split_decoders_of_other_shapes_and_hybrid_caches(name):
-    """DBRX keeps its layers in transformer.blocks (not model.layers); Jamba's cache holds Mamba state for some
-    layers, which a stage that skips them must leave alone."""
+    """DBRX keeps its layers in transformer.blocks (not model.layers), Llama-4's text model is its own decoder;
+    Jamba's and Nemotron-H's caches hold Mamba state or nothing for some layers, which a stage that skips them must
+    leave alone (and Nemotron-H picks each layer's mask by the layer's block_type)."""
     report = run_sharded(load(name), pp=2, decode_steps=2, timeout_s=240)
     assert report["correct"], report["max_abs_diff"]
     assert report["layout"]["stages"][1][0] > 0

@@ -25,8 +25,13 @@ class SkippedLayer(nn.Module):
     every skipped layer. It costs one number per token per skipped layer.
     """
 
-    def __init__(self, layer_idx: int):
+    def __init__(self, layer_idx: int, original: nn.Module | None = None):
         super().__init__()
+        # The decoder's loop may read a layer's plain attributes (Nemotron-H picks each layer's mask by its
+        # block_type, others by attention_type): the stand-in keeps them.
+        for name, value in vars(original or nn.Module()).items():
+            if not name.startswith("_") and isinstance(value, str | int | float | bool):
+                setattr(self, name, value)
         self.layer_idx = layer_idx
 
     def forward(self, hidden_states, *args, **kwargs):
@@ -37,7 +42,10 @@ class SkippedLayer(nn.Module):
         if cache is not None and (layers is None or hasattr(layers[self.layer_idx], "update")):
             batch, length = hidden_states.shape[:2]
             placeholder = hidden_states.new_zeros(batch, 1, length, 1)
-            cache.update(placeholder, placeholder, self.layer_idx)
+            try:
+                cache.update(placeholder, placeholder, self.layer_idx)
+            except NotImplementedError:
+                pass  # a layer the cache keeps nothing for (Nemotron-H's MLP-only blocks)
         return hidden_states
 
 
@@ -61,7 +69,7 @@ def keep_stage(model, stage: int, pp: int, *, corrupt: bool = False) -> dict:
         corrupted = f"layer {owned.start} holds layer {owned.start - 1}'s weights"
     for index in range(len(layers)):
         if index not in owned:
-            layers[index] = SkippedLayer(index)
+            layers[index] = SkippedLayer(index, layers[index])
     if stage > 0:
         setattr(decoder, _attribute_of(decoder, model.get_input_embeddings()), None)
     if stage < pp - 1:
@@ -76,7 +84,15 @@ FINAL_NORM_NAMES = ("norm", "norm_f", "final_layernorm", "ln_f", "final_norm")
 
 def decoder_of(model):
     """The decoder inside a causal LM: ``model.model`` for most, ``model.transformer`` for DBRX and others."""
-    return getattr(model, model.base_model_prefix)
+    # get_decoder() is the rule, but some causal LMs answer with themselves (Llama-4's text model) or name their
+    # prefix after a multimodal wrapper they are not inside.
+    candidates = [model.get_decoder() if hasattr(model, "get_decoder") else None, getattr(model, "model", None),
+                  getattr(model, model.base_model_prefix, None)]
+    decoder = next((candidate for candidate in candidates
+                    if isinstance(candidate, nn.Module) and candidate is not model), None)
+    if decoder is None:
+        raise ValueError(f"{type(model).__name__}: no decoder inside it to split into stages")
+    return decoder
 
 
 def decoder_layers(model) -> nn.ModuleList:

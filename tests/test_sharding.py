@@ -266,3 +266,13 @@ def test_pipeline_stages_split_decoders_of_other_shapes_and_hybrid_caches(name):
     report = run_sharded(load(name), pp=2, decode_steps=2, timeout_s=240)
     assert report["correct"], report["max_abs_diff"]
     assert report["layout"]["stages"][1][0] > 0
+
+
+@pytest.mark.parametrize("name", ["dbrx.json", "llama-4-scout-17b-16e-instruct.partial.json"])
+def test_experts_without_a_transformers_ep_plan_are_spread_over_ranks_too(name):
+    """The pinned transformers gives DBRX and Llama-4 no expert-parallel plan: their experts modules are found by
+    what they are. DBRX's dispatch experts keep their GLU weights flattened in a child; Llama-4's run every expert on
+    every (pre-weighted) token, so each rank runs its block and the outputs are summed."""
+    report = run_sharded(load(name), ep=2, decode_steps=2, timeout_s=240)
+    assert report["correct"], report["max_abs_diff"]
+    assert report["layout"]["experts_per_rank"] >= 1

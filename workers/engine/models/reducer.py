@@ -187,13 +187,13 @@ def _reduce_experts(reduced: dict, full, notes: list[str]) -> None:
         reduced["n_shared_experts"] = 1
 
 
-def _reduce_widths(reduced: dict, full) -> None:
+def _reduce_widths(reduced: dict, full, *, keep_latent_ranks: bool = False) -> None:
     widths = {key: _int_attribute(full, key) for key in INTERMEDIATE_KEYS if _int_attribute(full, key)}
     small = {width: 32 * (rank + 1) for rank, width in enumerate(sorted(set(widths.values())))}
     for key, width in widths.items():
         _set(reduced, full, key, small[width])
     for key, rank in LOW_RANK.items():
-        if _int_attribute(full, key):
+        if _int_attribute(full, key) and not keep_latent_ranks:
             reduced[key] = rank
     if _int_attribute(full, "mamba_dt_rank"):
         reduced["mamba_dt_rank"] = 8
@@ -279,11 +279,13 @@ def _mtp_note(config: dict, full_model) -> str | None:
     return None
 
 
-def reduce_config(config: dict, full_model=None) -> Reduction:
+def reduce_config(config: dict, full_model=None, *, keep_latent_ranks: bool = False) -> Reduction:
     """The tiny config that keeps every layer kind, divisibility rule and architecture invariant of ``config``.
 
     ``full_model`` is the full model on the meta device when the caller built it already (it is built otherwise).
     A config no transformers class fits is reduced as d0's generic decoder of its shape, and the notes say so.
+    ``keep_latent_ranks`` keeps MLA's kv_lora_rank / q_lora_rank as released: a serving engine's kernels accept
+    only the head dims they were built for (vLLM's MLA refuses a latent of 32 + 64).
     Raises ValueError if the result breaks an invariant or loses a layer kind, which would be a reducer bug.
     """
     config, generic_note = canonical_config(config)
@@ -303,7 +305,7 @@ def reduce_config(config: dict, full_model=None) -> Reduction:
     _reduce_heads(reduced, full)
     for part, part_full in _with_subconfigs(reduced, full):
         _reduce_experts(part, part_full, notes)
-        _reduce_widths(part, part_full)
+        _reduce_widths(part, part_full, keep_latent_ranks=keep_latent_ranks)
     _reduce_vocab(reduced, full)
     _cap(reduced, full, DENSE_PREFIX_KEYS + MTP_KEYS, 1)
     _cap(reduced, full, ("sliding_window", "attention_chunk_size"), SHORT_WINDOW)

@@ -20,21 +20,35 @@ from torch import nn
 from .tensor_parallel import Group
 
 
+def keep_block(experts: nn.Module, group_size: int, owner_index: int, name: str) -> int:
+    """Keep only this rank's contiguous block of experts in an experts module; returns the experts per rank.
+
+    Per-expert parameters are [experts, ...] (transformers' fused experts) or [experts x width, ...] (DBRX keeps
+    its experts' GLU weights flattened in a child module); either way the block is a contiguous slice of dim 0.
+    """
+    expert_count = experts.num_experts
+    if expert_count % group_size:
+        raise ValueError(f"{name}: {expert_count} experts do not split over ep={group_size} ranks")
+    per_rank = expert_count // group_size
+    for parameter_name, parameter in list(experts.named_parameters()):
+        rows = parameter.shape[0] if parameter.dim() else 0
+        if rows and rows % expert_count == 0:
+            per_expert = rows // expert_count
+            start = owner_index * per_rank * per_expert
+            owner_name, _, attribute = parameter_name.rpartition(".")
+            owner = experts.get_submodule(owner_name) if owner_name else experts
+            local = parameter.data[start:start + per_rank * per_expert].clone()
+            setattr(owner, attribute, nn.Parameter(local, requires_grad=False))
+    experts.num_experts = per_rank
+    return per_rank
+
+
 class ExpertParallelExperts(nn.Module):
     """Stands in for an experts module called as ``experts(hidden_states, top_k_index, top_k_weights)``."""
 
     def __init__(self, experts: nn.Module, group: Group, meter, *, owner_index: int, name: str):
         super().__init__()
-        expert_count = experts.num_experts
-        if expert_count % group.size:
-            raise ValueError(f"{name}: {expert_count} experts do not split over ep={group.size} ranks")
-        self.per_rank = expert_count // group.size
-        first = owner_index * self.per_rank
-        for attribute, parameter in list(experts.named_parameters(recurse=False)):
-            if parameter.shape[0] == expert_count:  # per-expert weights and biases: keep this rank's block
-                local = parameter.data[first:first + self.per_rank].clone()
-                setattr(experts, attribute, nn.Parameter(local, requires_grad=False))
-        experts.num_experts = self.per_rank
+        self.per_rank = keep_block(experts, group.size, owner_index, name)
         self.local = experts
         self.group = group
         self.meter = meter
@@ -45,6 +59,11 @@ class ExpertParallelExperts(nn.Module):
         return received
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
+        # Most MoE blocks pass tokens flattened; DBRX passes [batch, sequence, hidden]: the output keeps the shape.
+        shape = hidden_states.shape
+        hidden_states = hidden_states.reshape(-1, shape[-1])
+        top_k_index, top_k_weights = top_k_index.reshape(hidden_states.shape[0], -1), top_k_weights.reshape(
+            hidden_states.shape[0], -1)
         group = self.group
         tokens, top_k = top_k_index.shape
         start, end = tokens * group.rank // group.size, tokens * (group.rank + 1) // group.size
@@ -64,6 +83,7 @@ class ExpertParallelExperts(nn.Module):
         if rows.shape[0]:
             local_index = (row_experts - group.rank * self.per_rank).unsqueeze(-1)
             outputs = self.local(rows, local_index, torch.ones_like(local_index, dtype=top_k_weights.dtype))
+            outputs = outputs.reshape(rows.shape)  # DBRX's experts answer [rows, 1, hidden]
         else:
             outputs = rows
         returned = self._exchange(outputs.to(hidden_states.dtype), receive_counts, send_counts)
@@ -72,7 +92,37 @@ class ExpertParallelExperts(nn.Module):
         weighted = returned * weight_of_rows.unsqueeze(-1)
         combined.index_add_(0, token_of_rows, weighted.to(hidden_states.dtype))
         self.meter.all_reduce(combined, group.handle)
-        return combined
+        return combined.view(shape)
+
+
+class DenseExpertParallelExperts(nn.Module):
+    """Stands in for an experts module that runs every expert on a pre-weighted copy of every token, called as
+    ``experts(hidden_states)`` with [experts x tokens, hidden] rows (Llama-4's): each rank runs its block of experts
+    on its block of rows, and the full output is summed over the group (the other blocks are zeros)."""
+
+    def __init__(self, experts: nn.Module, group: Group, meter, *, owner_index: int, name: str):
+        super().__init__()
+        self.experts_total = experts.num_experts
+        self.per_rank = keep_block(experts, group.size, owner_index, name)
+        self.first = group.rank * self.per_rank
+        self.local = experts
+        self.group = group
+        self.meter = meter
+
+    def forward(self, hidden_states):
+        rows = hidden_states.view(self.experts_total, -1, hidden_states.shape[-1])
+        local = self.local(rows[self.first:self.first + self.per_rank].reshape(-1, hidden_states.shape[-1]))
+        combined = hidden_states.new_zeros(rows.shape)
+        combined[self.first:self.first + self.per_rank] = local.view(self.per_rank, -1, hidden_states.shape[-1])
+        self.meter.all_reduce(combined, self.group.handle)
+        return combined.view(-1, hidden_states.shape[-1])
+
+
+def _dispatching(experts: nn.Module) -> bool:
+    """Whether an experts module takes routed tokens (``top_k_index``), or every token weighted (Llama-4)."""
+    import inspect
+
+    return "top_k_index" in inspect.signature(experts.forward).parameters
 
 
 def experts_modules(model) -> list[tuple[str, int, nn.Module]]:
@@ -86,7 +136,14 @@ def experts_modules(model) -> list[tuple[str, int, nn.Module]]:
         match = next((match for pattern in patterns if (match := pattern.fullmatch(name))), None)
         if match:
             found.append((name, int(match.group(1)), module))
-    return found
+    if found or plan:
+        return found
+    # No plan in this transformers (DBRX, Llama-4): the experts modules by what they are, a module named experts
+    # that knows its expert count, inside a numbered layer.
+    layer = re.compile(r"\.(\d+)\.")
+    return [(name, int(match.group(1)), module) for name, module in model.named_modules()
+            if name.rpartition(".")[2] == "experts" and isinstance(getattr(module, "num_experts", None), int)
+            and (match := layer.search(name))]
 
 
 def apply_expert_parallel(model, group: Group, meter, *, corrupt: bool = False) -> dict:
@@ -94,11 +151,10 @@ def apply_expert_parallel(model, group: Group, meter, *, corrupt: bool = False) 
 
     A pipeline stage may hold only dense layers (DeepSeek-V3's first ones) and then has nothing to replace.
     """
-    if not getattr(model.config, "base_model_ep_plan", None):
-        raise ValueError(f"{type(model).__name__} declares no expert-parallel plan in this transformers (a dense "
-                         "model, or an MoE like DBRX whose experts transformers does not dispatch): use tp, which "
-                         "splits each expert instead")
-    names = [name for name, _, _ in experts_modules(model)]
+    found = experts_modules(model)
+    if not found and not getattr(model.config, "base_model_ep_plan", None):
+        raise ValueError(f"{type(model).__name__} has no experts to spread over ranks (a dense model?)")
+    names = [name for name, _, _ in found]
     # The deliberate fault: the last rank loads its neighbour's experts while tokens still come to it by the
     # true ownership, like an expert map that is off by one block.
     corrupted = group.rank == group.size - 1 and corrupt
@@ -106,6 +162,7 @@ def apply_expert_parallel(model, group: Group, meter, *, corrupt: bool = False) 
     for name in names:
         owner_name, _, attribute = name.rpartition(".")
         owner = model.get_submodule(owner_name)
-        setattr(owner, attribute, ExpertParallelExperts(getattr(owner, attribute), group, meter,
-                                                        owner_index=owner_index, name=name))
+        experts = getattr(owner, attribute)
+        wrapper = ExpertParallelExperts if _dispatching(experts) else DenseExpertParallelExperts
+        setattr(owner, attribute, wrapper(experts, group, meter, owner_index=owner_index, name=name))
     return {"experts_modules": len(names), "corrupted": names if corrupted and names else None}

@@ -106,6 +106,8 @@ class RoutingRecorder:
         import torch
 
         def record(_module, args):
+            if len(args) < 2:
+                return  # experts that run every token weighted (Llama-4) have no assignments to count
             top_k_index = args[1]
             counted = torch.bincount(top_k_index.reshape(-1).cpu(), minlength=expert_count).tolist()
             previous = self.counts.get(layer_index, [0] * expert_count)

@@ -85,8 +85,12 @@ def _check_identical_weights(model, world_size: int, device) -> None:
 
 
 def _model_summary(config, model) -> dict:
+    from .expert_parallel import experts_modules
+
     experts = next((getattr(config, key) for key in ("num_local_experts", "num_experts", "n_routed_experts")
                     if getattr(config, key, None)), None)
+    # DBRX keeps its expert count in ffn_config: the experts modules know it.
+    experts = experts or next((module.num_experts for _, _, module in experts_modules(model)), None)
     return {"layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
             "attention_heads": config.num_attention_heads,
             "kv_heads": getattr(config, "num_key_value_heads", None), "vocab_size": config.vocab_size,
@@ -96,7 +100,7 @@ def _model_summary(config, model) -> dict:
 
 def _shard(model, layout, stage: int, group, meter, fault) -> tuple[dict, list[list[int]]]:
     """Cut ``model`` down to this rank's part: its pipeline stage, its experts, its tensor-parallel shards."""
-    from .expert_parallel import ExpertParallelExperts, apply_expert_parallel
+    from .expert_parallel import DenseExpertParallelExperts, ExpertParallelExperts, apply_expert_parallel
     from .pipeline_parallel import keep_stage
     from .tensor_parallel import apply_tensor_parallel
 
@@ -112,7 +116,8 @@ def _shard(model, layout, stage: int, group, meter, fault) -> tuple[dict, list[l
     if layout.ep > 1:
         sharding["experts"] = apply_expert_parallel(model, group, meter, corrupt=corrupt_ep)
     if layout.tp > 1:
-        sharding["tensor"] = apply_tensor_parallel(model, group, meter, skip_modules=(ExpertParallelExperts,),
+        sharding["tensor"] = apply_tensor_parallel(model, group, meter,
+                                                   skip_modules=(ExpertParallelExperts, DenseExpertParallelExperts),
                                                    corrupt=corrupt_tp)
     if layout.group_size > 1:
         sharding["split"] = _split_share(stage_parameters, model)

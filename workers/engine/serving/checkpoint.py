@@ -1,0 +1,45 @@
+"""Validation checkpoints: the real architecture, reduced, with seeded random weights, written the way a release is
+(config.json, safetensors, tokenizer), for a serving engine to load when a team has no weights yet.
+
+What the engine's kernels require is kept as released: head dims and MLA's latent ranks (vLLM's MLA accepts only
+its own head dims), the routing method (``topk_method: noaux_tc`` needs its score-correction bias tensor). Only
+depth, widths of the MLPs, expert count and vocabulary shrink. The tokenizer is a word-level one generated for the
+reduced vocabulary: the load client sends token ids, so no text needs to mean anything.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..models import build_random_model, load_config, reduce_config
+
+
+def write_validation_checkpoint(config: dict, folder: Path, *, seed: int = 0) -> dict:
+    """Write the checkpoint into ``folder``; returns what it is (architecture, layers, vocabulary, notes)."""
+    import torch
+
+    reduction = reduce_config(config, keep_latent_ranks=True)
+    model = build_random_model(load_config(reduction.config), dtype=torch.bfloat16, device=torch.device("cpu"),
+                               seed=seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    vocab_size = model.config.get_text_config().vocab_size
+    _write_tokenizer(folder, vocab_size)
+    description = {"architecture": type(model).__name__, "model_type": model.config.model_type,
+                   "layers": reduction.layers, "full_layers": reduction.full_layers, "vocab_size": vocab_size,
+                   "parameters": sum(parameter.numel() for parameter in model.parameters()),
+                   "weights": f"seeded random (seed {seed}), bfloat16", "notes": reduction.notes}
+    (folder / "d0-validation-checkpoint.json").write_text(json.dumps(description, indent=2))
+    return description
+
+
+def _write_tokenizer(folder: Path, vocab_size: int) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocabulary = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"t{index}": index for index in range(3, vocab_size)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocabulary, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>",
+                            eos_token="</s>").save_pretrained(folder)

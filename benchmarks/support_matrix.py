@@ -115,6 +115,18 @@ def run(stage: str, path: Path, timeout: float, rss_limit: int) -> Cell:
     return Cell(ok, reason, seconds, peak)
 
 
+def merged(path: Path, rows: list[tuple[str, dict]], stages: list[str]) -> list[tuple[str, dict]]:
+    """The table already in ``path`` with this run's rows in place of theirs, in config order."""
+    fresh = dict(rows)
+    kept = {}
+    for line in path.read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == len(stages) + 1 and cells[0] not in ("config", "---"):
+            kept[cells[0]] = dict(zip(stages, cells[1:], strict=True))
+    kept.update(fresh)
+    return sorted(kept.items())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="catalog slugs (default: every config of the catalog)")
@@ -122,6 +134,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per command")
     parser.add_argument("--rss-limit-gib", type=float, default=8.0, help="a command above this RSS is killed")
     parser.add_argument("--out", type=Path, help="also write the table as Markdown here")
+    parser.add_argument("--merge", action="store_true",
+                        help="with --out: keep the rows of configs not run this time from the file already there")
     args = parser.parse_args()
     stages = [stage for stage in args.stages.split(",") if stage]
     unknown = set(stages) - set(STAGES)
@@ -142,6 +156,8 @@ def main() -> int:
             cells[stage] = cell.text()
             print(f"{path.stem:48} {stage:10} {cell.text()}", flush=True)
         rows.append((path.stem, cells))
+    if args.merge and args.out and args.out.exists():
+        rows = merged(args.out, rows, stages)
     table = ["| config | " + " | ".join(stages) + " |", "|" + " --- |" * (len(stages) + 1)]
     table += [f"| {name} | " + " | ".join(cells[stage].replace("|", "/") for stage in stages) + " |"
               for name, cells in rows]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import coverage, envcheck, sharding, sweep
+from . import coverage, envcheck, serving, sharding, sweep
 from .envcheck import report as envcheck_report
 from .parameters import MAX_DEPTH, Parameter, ParameterError, nesting_depth, user_parameters, validate
 
@@ -41,6 +41,8 @@ STAGES: dict[str, StageSpec] = {
     "sharded_run": StageSpec(sharding.shard_stage, gated=True, needs_model=True, placement="group",
                              parameters=sharding.PARAMETERS),
     "sweep": StageSpec(sweep.sweep_stage, gated=True, needs_model=True, placement="one", parameters=sweep.PARAMETERS),
+    "serve_sweep": StageSpec(serving.serve_sweep, gated=True, needs_model=True, placement="one",
+                             parameters=serving.PARAMETERS),
 }
 STAGE_KINDS = tuple(STAGES)
 # Job-wide, beside the per-stage objects: which of the cluster's nodes may run the job's stages.

@@ -7,7 +7,8 @@ Source: vLLM ``vllm/benchmarks/serve.py`` (``calculate_metrics``), so d0's figur
   response").
 - TPOT (time per output token, excluding the first): (E2E latency - TTFT) / (output tokens - 1), per request, only
   for requests with more than one output token.
-- ITL (inter-token latency): every gap between two consecutive tokens of a request, all requests pooled.
+- ITL (inter-token latency): every gap between two consecutive tokens of a request, all requests pooled (for a
+  streamed response: between consecutive chunks, as vLLM measures it).
 - Benchmark duration: first send to last token of the measured requests (warm-up excluded).
 - Output tokens/s = all output tokens / duration; requests/s = completed requests / duration; total tokens/s adds
   the prompt tokens.
@@ -48,10 +49,13 @@ class RequestRecord:
     token_times: list[float]
     prompt_tokens: int
     error: str | None = None
+    # A server streams chunks, not tokens: ``token_times`` then holds when each chunk came and this the output
+    # tokens the server counted (its usage), as vLLM's benchmark counts them.
+    reported_output_tokens: int | None = None
 
     @property
     def output_tokens(self) -> int:
-        return len(self.token_times)
+        return self.reported_output_tokens if self.reported_output_tokens is not None else len(self.token_times)
 
     @property
     def completed(self) -> bool:

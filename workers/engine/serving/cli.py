@@ -1,0 +1,80 @@
+"""``serve CONFIG.json``: an engine sweep from the command line, for node operators.
+
+    python -m workers.engine serve config.json --engine vllm=/opt/vllm/bin/python \\
+        --grid '{"max_num_seqs": [4, 8], "block_size": [16, 32]}' --settings '{"tensor_parallel_size": 2}' --json
+
+Without ``--weights`` d0 writes a validation checkpoint of the architecture (reduced, seeded random weights);
+``--weights DIR`` serves a checkpoint folder, its safetensors headers checked against its config.json first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from .serve_sweep import serve_sweep
+
+
+def _object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"expected a JSON object: {error}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
+
+
+def add_parser(verbs) -> argparse.ArgumentParser:
+    parser = verbs.add_parser("serve", help="engine sweep: serve the model on vLLM under a grid of settings",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", type=Path, help="the model's config.json")
+    parser.add_argument("--engine", action="append", default=[], metavar="NAME=PYTHON",
+                        help="an engine and its interpreter (default: $D0_ENGINES)")
+    parser.add_argument("--use", default="vllm", help="which engine to sweep (default vllm)")
+    parser.add_argument("--weights", type=Path, help="a checkpoint folder (default: a validation checkpoint)")
+    parser.add_argument("--settings", type=_object, default={}, help="engine settings of every trial (JSON)")
+    parser.add_argument("--grid", type=_object, help="lists of engine settings to try (JSON)")
+    parser.add_argument("--workload", type=_object, default={}, help="the workload (JSON, as the sweep's)")
+    parser.add_argument("--no-correctness", action="store_true", help="skip the greedy-token comparison")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    return parser
+
+
+def run(args: argparse.Namespace, progress=None) -> dict:
+    if args.engine:
+        os.environ["D0_ENGINES"] = " ".join(args.engine)
+    params = {"config": json.loads(args.config.read_text()), "engine": args.use, "settings": args.settings,
+              "workload": args.workload, "correctness": not args.no_correctness}
+    if args.grid is not None:
+        params["grid"] = args.grid
+    if args.weights:
+        params["weights_path"] = str(args.weights.resolve())
+    roots = (str(args.weights.resolve()),) if args.weights else ()
+    from ..parameters import validate
+
+    # An operator's own command may name any folder: it is the node's data root for this run.
+    return serve_sweep(validate("serve_sweep", _parameters(), params, control=True, data_roots=roots),
+                       progress or (lambda fraction, message: None))
+
+
+def _parameters():
+    from .serve_sweep import PARAMETERS
+
+    return PARAMETERS
+
+
+def format_summary(result: dict) -> str:
+    lines = [f"{result['engine']['name']} {result['engine'].get('version')}: {len(result['trials'])} trials, "
+             f"{result['engine_starts']} engine starts, {result['seconds']:.0f} s"]
+    for trial in result["trials"]:
+        metrics = trial.get("metrics") or {}
+        figure = f"{metrics['output_tokens_per_s']:.1f} tok/s" if metrics.get("output_tokens_per_s") else ""
+        lines.append(f"  {trial['id']:>3} {trial['status']:7} {json.dumps(trial['settings'], sort_keys=True)} "
+                     f"{json.dumps(trial['client'])} {figure} {trial.get('reason') or ''}")
+    lines.append(f"recipe: {result['recipe']['command']}")
+    if result.get("correctness"):
+        lines.append(f"correctness: {result['correctness']['verdict']}")
+    return "\n".join(lines)

@@ -1,0 +1,291 @@
+"""``serve_sweep``: the model served by a real engine (vLLM first) on this node, under a grid of engine settings,
+benchmarked with d0's load client, checked for correctness, and the best configuration written as a recipe.
+
+Each combination of the grid's engine settings is one engine start (its own process group, ``server``); a grid's
+``concurrency`` values are client-side, so they reuse that start. A configuration that cannot start (out of memory,
+unsupported, timed out) is a trial that failed with the cause read from the engine's log, and the sweep goes on.
+The weights are a node-local checkpoint (``weights_path``, under the node's data roots), its safetensors headers
+checked against the config before any engine starts (``tensors``), or a validation checkpoint d0 writes
+(``checkpoint``). The stage fails when no trial served its whole workload.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from ..parameters import Parameter, validate
+from ..sweep.metrics import DEFINITIONS, summarize
+from ..sweep.workload import Workload
+from .checkpoint import write_validation_checkpoint
+from .client import Endpoint, run_requests
+from .correctness import check_correctness
+from .engines import KNOWN, configured_engines
+from .launchers import LAUNCHERS, SETTINGS, check_settings
+from .server import EngineFailed, EngineServer, free_port, stop_servers_on_sigterm
+from .tensors import CheckpointRefused, check_checkpoint
+
+CLIENT_KEYS = ("concurrency",)
+DEFAULT_GRID = {"max_num_seqs": [2, 4], "block_size": [16, 32]}
+MAX_CONFIGURATIONS = 64
+# On vLLM's CPU build the "GPU" memory share is of RAM and its 0.92 default refuses to start beside other
+# processes; the KV cache is sized by VLLM_CPU_KVCACHE_SPACE instead.
+CPU_DEFAULTS = {"gpu_memory_utilization": 0.1, "kv_cache_space_gib": 1}
+SAMPLE_S = 0.2
+
+
+def _grid(grid: dict) -> None:
+    if not isinstance(grid, dict):
+        raise ValueError("the grid maps engine settings (and concurrency) to lists of values")
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"grid {key} must be a non-empty list")
+        if key in CLIENT_KEYS:
+            if not all(isinstance(value, int) and not isinstance(value, bool) and value >= 1 for value in values):
+                raise ValueError("grid concurrency takes positive ints")
+            continue
+        for value in values:
+            check_settings({key: value})
+    count = len(list(itertools.product(*grid.values()))) if grid else 1
+    if count > MAX_CONFIGURATIONS:
+        raise ValueError(f"the grid has {count} configurations; at most {MAX_CONFIGURATIONS}")
+
+
+PARAMETERS = (
+    Parameter("config", "object", "the model's config.json (the job's model)", set_by="control"),
+    Parameter("engine", "choice", "the serving engine (the node must offer it: python -m workers.node --engine)",
+              default="vllm", choices=KNOWN),
+    Parameter("weights_path", "path", "a checkpoint folder on the node (config.json, safetensors, tokenizer); "
+              "default: a validation checkpoint d0 writes (the architecture reduced, seeded random weights)",
+              nullable=True),
+    Parameter("settings", "object", "engine settings every trial uses, named as vLLM's arguments: "
+              + ", ".join(SETTINGS), default={}, check=check_settings),
+    Parameter("grid", "object", "lists of engine settings to try, one engine start per combination; "
+              "concurrency (client side) reuses a start", default=DEFAULT_GRID, check=_grid),
+    Parameter("workload", "object", "requests, prompt_len, output_len, arrival (closed or poisson), rate, "
+              "concurrency, warmup_requests, slo, timeout_s (per trial)", default={}, check=Workload.from_dict),
+    Parameter("startup_timeout_s", "float", "seconds an engine may take to become healthy", default=900.0,
+              minimum=10, maximum=7200),
+    Parameter("correctness", "bool", "compare the best configuration's greedy tokens with the engine at TP=1 and "
+              "with transformers on the same checkpoint", default=True),
+    Parameter("correctness_tokens", "int", "greedy tokens per correctness prompt", default=8, minimum=1,
+              maximum=256),
+)
+
+
+class ServeSweepFailed(RuntimeError):
+    pass
+
+
+def engine_configurations(settings: dict, grid: dict) -> list[tuple[dict, list[dict]]]:
+    """``[(engine settings, [client settings, ...])]``: one entry per engine start."""
+    engine_keys = [key for key in grid if key not in CLIENT_KEYS]
+    client_keys = [key for key in grid if key in CLIENT_KEYS]
+    clients = [dict(zip(client_keys, values, strict=True))
+               for values in itertools.product(*(grid[key] for key in client_keys))] or [{}]
+    return [({**settings, **dict(zip(engine_keys, values, strict=True))}, clients)
+            for values in itertools.product(*(grid[key] for key in engine_keys))]
+
+
+class _PeakRss(threading.Thread):
+    """The engine's resident memory, all processes of its group, sampled while it serves."""
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid, self.peak, self.stopped = pid, 0, threading.Event()
+
+    def run(self) -> None:
+        import psutil
+
+        while not self.stopped.wait(SAMPLE_S):
+            try:
+                leader = psutil.Process(self.pid)
+                processes = [leader, *leader.children(recursive=True)]
+                self.peak = max(self.peak, sum(_rss(process) for process in processes))
+            except psutil.Error:
+                return
+
+    def finish(self) -> int | None:
+        self.stopped.set()
+        self.join(timeout=2)
+        return self.peak or None
+
+
+def _rss(process) -> int:
+    import psutil
+
+    try:
+        return process.memory_info().rss
+    except psutil.Error:
+        return 0
+
+
+class Session:
+    """One stage's engine, checkpoint and log folder."""
+
+    def __init__(self, engine, described: dict, checkpoint: Path, logs: Path, max_model_len: int):
+        self.engine, self.described, self.checkpoint, self.logs = engine, described, checkpoint, logs
+        self.max_model_len = max_model_len
+        self.launcher = LAUNCHERS[engine.name]
+        self.starts = 0
+
+    def settings(self, settings: dict) -> dict:
+        filled = dict(settings)
+        if self.described.get("cpu_build"):
+            filled = {**CPU_DEFAULTS, **filled}
+        filled.setdefault("max_model_len", self.max_model_len)
+        return filled
+
+    def server(self, settings: dict) -> tuple[EngineServer, object]:
+        self.starts += 1
+        port = free_port()
+        launch = self.launcher.launch(self.engine.python, self.checkpoint, self.settings(settings), port=port,
+                                      cpu_build=bool(self.described.get("cpu_build")))
+        server = EngineServer(launch.command, env=launch.env, port=port, health_path=launch.health_path,
+                              log_path=self.logs / f"engine-{self.starts}.log")
+        return server, launch
+
+
+def _log_tail(server: EngineServer, lines: int = 40) -> str:
+    return "\n".join(server.log_text().splitlines()[-lines:])
+
+
+def run_trials(session: Session, settings: dict, clients: list[dict], workload: Workload, startup_timeout_s: float,
+               first_id: int, progress) -> list[dict]:
+    """One engine start and the trials served by it (a trial per client setting)."""
+    server, launch = session.server(settings)
+    shown = {"settings": session.settings(settings), "command": launch.shell(), "env": launch.env}
+    trials = []
+    try:
+        server.start()
+        progress(f"starting {session.engine.name} ({', '.join(f'{k}={v}' for k, v in settings.items())})")
+        startup_s = server.wait_healthy(startup_timeout_s)
+        vocab = _vocab_size(session.checkpoint)
+        for offset, client in enumerate(clients):
+            trial_workload = Workload.from_dict({**workload.as_dict(), **client})
+            progress(f"serving {trial_workload.requests} requests, concurrency "
+                     f"{trial_workload.in_flight_limit(settings.get('max_num_seqs', 1))}")
+            rss = _PeakRss(server.process.pid)
+            rss.start()
+            try:
+                run = run_requests(Endpoint(server.base_url, "d0"), trial_workload.measured_requests(vocab),
+                                   warmup=trial_workload.warmup(vocab, settings.get("max_num_seqs", 1)),
+                                   in_flight=trial_workload.in_flight_limit(settings.get("max_num_seqs", 1)),
+                                   timeout_s=trial_workload.timeout_s)
+            except TimeoutError as error:
+                raise EngineFailed("timed out", str(error)) from None
+            finally:
+                peak = rss.finish()
+            if not server.alive():
+                raise server.failure("exited", "the engine exited while serving")
+            metrics = {**summarize(run.records, trial_workload.slo), "peak_memory_bytes": peak,
+                       "peak_memory_source": "resident memory of the engine's processes, sampled while serving"}
+            failed = [record.error for record in run.records if record.error]
+            status = "ok" if metrics.get("completed") == len(run.records) else "failed"
+            trials.append({"id": first_id + offset, **shown, "client": client, "status": status,
+                           "reason": None if status == "ok" else f"{len(failed)} requests failed: {failed[0]}",
+                           "startup_s": startup_s, "metrics": metrics,
+                           "client_cpu_s_per_request": run.client_cpu_s_per_request,
+                           "workload": {"requests": trial_workload.requests, "arrival": trial_workload.arrival,
+                                        "concurrency": trial_workload.in_flight_limit(settings.get("max_num_seqs",
+                                                                                                   1))}})
+    except EngineFailed as error:
+        done = len(trials)
+        trials += [{"id": first_id + done + index, **shown, "client": client, "status": "failed",
+                    "cause": error.cause, "reason": error.reason, "startup_s": server.healthy_after_s,
+                    "metrics": None, "log_tail": _log_tail(server)} for index, client in enumerate(clients[done:])]
+    finally:
+        server.stop()
+    return trials
+
+
+def _vocab_size(checkpoint: Path) -> int:
+    config = json.loads((checkpoint / "config.json").read_text())
+    text = config.get("text_config") or config
+    return int(text.get("vocab_size") or config["vocab_size"])
+
+
+def best_trial(trials: list[dict], slo: dict) -> dict | None:
+    """The highest goodput under the SLOs (then output tokens/s) among trials that served everything; without SLOs
+    the highest output tokens/s."""
+    served = [trial for trial in trials if trial["status"] == "ok"]
+    if slo:
+        return max(served, key=lambda trial: (trial["metrics"]["goodput_requests_per_s"],
+                                              trial["metrics"]["output_tokens_per_s"]), default=None)
+    return max(served, key=lambda trial: trial["metrics"]["output_tokens_per_s"], default=None)
+
+
+def recipe(best: dict, described: dict, weights: dict) -> dict:
+    return {"engine": described["name"], "version": described.get("version"),
+            "distribution": described.get("distribution"), "command": best["command"], "env": best["env"],
+            "settings": best["settings"], "client": best["client"], "weights": weights,
+            "measured": {key: best["metrics"].get(key) for key in (
+                "output_tokens_per_s", "requests_per_s", "goodput_requests_per_s", "ttft_s", "tpot_s", "itl_s",
+                "e2e_latency_s", "peak_memory_bytes")},
+            "startup_s": best["startup_s"], "trial": best["id"]}
+
+
+def serve_sweep(params: dict, progress) -> dict:
+    params = validate("serve_sweep", PARAMETERS, params, control=True)
+    params = {**{parameter.name: parameter.default for parameter in PARAMETERS}, **params}
+    if not isinstance(params.get("config"), dict):
+        raise ValueError("a serve sweep needs the model's config.json, as a JSON object, in params['config']")
+    engines = configured_engines()
+    if params["engine"] not in engines:
+        raise ServeSweepFailed(f"this node offers no {params['engine']} engine; start its worker with "
+                               f"--engine {params['engine']}=/path/to/its/python (or set D0_ENGINES)")
+    engine = engines[params["engine"]]
+    described = engine.probe()
+    if not described["usable"]:
+        raise ServeSweepFailed(f"{engine.name} at {engine.python} is unusable: {described['reason']}")
+    workload = Workload.from_dict(params.get("workload") or {})
+    stop_servers_on_sigterm()
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="d0-serve-") as work:
+        work = Path(work)
+        progress(0.0, "preparing the checkpoint")
+        if params.get("weights_path"):
+            checkpoint = Path(params["weights_path"])
+            weights = {"kind": "checkpoint", "path": str(checkpoint),
+                       "description": "the node's checkpoint folder"}
+        else:
+            checkpoint = work / "checkpoint"
+            weights = {"kind": "validation checkpoint", **write_validation_checkpoint(params["config"], checkpoint)}
+        layout = {key: params["settings"].get(key, 1) for key in ("tensor_parallel_size", "pipeline_parallel_size")}
+        try:
+            tensors = check_checkpoint(checkpoint, layout=layout)
+        except CheckpointRefused as refusal:
+            raise ServeSweepFailed(f"the checkpoint was refused before any engine started: {refusal}") from None
+        needed = workload.max_sequence_tokens() + 16
+        session = Session(engine, described, checkpoint, work / "logs", max_model_len=max(256, needed))
+        groups = engine_configurations(params["settings"], params.get("grid") or {})
+        trials: list[dict] = []
+        for index, (settings, clients) in enumerate(groups):
+            def step(message, index=index):
+                progress(0.05 + 0.8 * index / len(groups), f"configuration {index + 1} of {len(groups)}: {message}")
+
+            trials += run_trials(session, settings, clients, workload, params["startup_timeout_s"], len(trials),
+                                 step)
+        best = best_trial(trials, workload.slo)
+        if best is None:
+            causes = sorted({f"{trial.get('cause', trial['status'])}: {trial['reason']}"[:300] for trial in trials})
+            raise ServeSweepFailed(f"no configuration of {len(trials)} served its workload: " + "; ".join(causes))
+        correctness = None
+        if params["correctness"]:
+            progress(0.87, "checking correctness: greedy tokens of the engine and of transformers")
+            correctness = check_correctness(session, best["settings"], vocab=_vocab_size(checkpoint),
+                                            tokens=params["correctness_tokens"],
+                                            startup_timeout_s=params["startup_timeout_s"])
+    progress(1.0, "done")
+    return {"engine": described, "weights": weights, "tensors": tensors, "workload": workload.as_dict(),
+            "grid": params.get("grid") or {}, "settings": params["settings"], "trials": trials,
+            "best": {"id": best["id"], "settings": best["settings"], "client": best["client"],
+                     "metrics": best["metrics"]},
+            "recipe": recipe(best, described, {key: value for key, value in weights.items() if key != "path"}
+                             if weights["kind"] != "checkpoint" else weights),
+            "correctness": correctness, "engine_starts": session.starts,
+            "seconds": time.perf_counter() - started, "metric_definitions": DEFINITIONS}

@@ -7,6 +7,7 @@ from .coverage import pages as coverage
 from .intake import pages as intake
 from .jobs import pages as jobs
 from .sharding import pages as sharding
+from .serving import pages as serving
 from .sweeps import pages as sweeps
 from .teams import pages as teams
 
@@ -38,6 +39,10 @@ urlpatterns = [
     path("sweeps/<int:pk>/report.html", sweeps.report_html, name="sweep-report-html"),
     path("sweeps/<int:pk>/report.json", sweeps.report_json, name="sweep-report-json"),
     path("sweeps/<int:pk>/trials.csv", sweeps.report_csv, name="sweep-report-csv"),
+    path("engines/compare/", serving.compare_page, name="engine-compare"),
+    path("engines/<int:pk>/", serving.report_page, name="engine-report"),
+    path("engines/<int:pk>/report.json", serving.report_json, name="engine-report-json"),
+    path("engines/<int:pk>/recipe.sh", serving.recipe, name="engine-recipe"),
     path("coverage/", coverage.coverage_overview, name="coverage"),
     path("coverage/diff/", coverage.coverage_diff, name="coverage-diff"),
     path("models/<int:pk>/coverage/", coverage.model_coverage, name="model-coverage"),

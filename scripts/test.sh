@@ -9,4 +9,6 @@ export D0_VAR_DIR="${D0_VAR_DIR:-$(mktemp -d)}"
 # The workers tests use queue names of their own; clear what an interrupted earlier run left in the test DB.
 redis-cli -u "$REDIS_URL" flushdb >/dev/null
 .venv/bin/ruff check --quiet .
+# The real serving engine the engine tests run: vLLM's CPU build in an environment of its own, made once.
+export D0_TEST_VLLM_PYTHON="${D0_TEST_VLLM_PYTHON:-$(scripts/vllm-env.sh)}"
 exec .venv/bin/python -m pytest "$@"

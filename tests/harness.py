@@ -97,14 +97,16 @@ class WorkerStack(Processes):
                                "--hostname", f"{self.prefix}-control@%h", "--concurrency", "2", "--loglevel",
                                "info", "--without-gossip", "--without-mingle"], self.env)
 
-    def start_node(self, cluster_ref: str, hostname: str, heartbeat: float = 1.0, token: str | None = None) -> None:
+    def start_node(self, cluster_ref: str, hostname: str, heartbeat: float = 1.0, token: str | None = None,
+                   extra: tuple[str, ...] = ()) -> None:
         """A node worker joining ``cluster_ref`` with a fresh join token of it (or ``token``; "" for none). Its
         key lives in this stack's folder, so starting the same hostname again is a restart of that node."""
         if token is None:
             token = join_token(cluster_ref)
         self.start(f"node-{hostname}", [sys.executable, "-m", "workers.node", "--broker", self.node_broker_url,
                                         "--cluster", cluster_ref, "--hostname", hostname,
-                                        "--heartbeat", str(heartbeat), "--state-dir", str(self.log_dir / "node-keys")],
+                                        "--heartbeat", str(heartbeat), "--state-dir", str(self.log_dir / "node-keys"),
+                                        *extra],
                    {**self.env, "D0_JOIN_TOKEN": token})
 
     def logs(self) -> str:

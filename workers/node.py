@@ -28,6 +28,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from . import protocol, signing
 from .engine.envcheck.probe import probe_devices, probe_host
+from .engine.serving.engines import configured_engines, parse_engines
 from .engine.stages import run_stage as run_engine_stage
 from .remote_control import NODE_COMMANDS, allow_only
 
@@ -150,6 +151,7 @@ def _register_and_beat(sender=None, **kwargs) -> None:
     host = probe_host()
     host["node_name"] = identity.hostname
     host["data_roots"] = list(identity.data_roots)  # so a job naming a path elsewhere is refused at submit
+    host["engines"] = [engine.probe() for engine in configured_engines().values()]
     app.send_task(protocol.REGISTER_NODE, args=registration(host, probe_devices(host)),
                   queue=protocol.control_queue())
     threading.Thread(target=_heartbeat_loop, name="d0-heartbeat", daemon=True).start()
@@ -193,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
                         default=[root for root in os.environ.get("D0_NODE_DATA_ROOTS", "").split(os.pathsep) if root],
                         help="a folder whose files stage parameters may name (e.g. checkpoints); repeat for more "
                              "(default: $D0_NODE_DATA_ROOTS, separated by ':'; none: path parameters are refused)")
+    parser.add_argument("--engine", action="append", dest="engines", metavar="NAME=PYTHON",
+                        default=os.environ.get("D0_ENGINES", "").split(),
+                        help="a serving engine this node offers and its interpreter, e.g. vllm=/opt/vllm/bin/python "
+                             "(repeat for more; default: $D0_ENGINES, space-separated)")
     parser.add_argument("--loglevel", default="info")
     args = parser.parse_args(argv)
     if not args.broker:
@@ -210,6 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     configure(args.broker, args.cluster, args.hostname, args.heartbeat, state_dir=args.state_dir,
               join_token=args.token)
     identity.data_roots = tuple(os.path.realpath(root) for root in args.data_roots)
+    try:
+        parse_engines(args.engines)
+    except ValueError as error:
+        parser.error(f"--engine: {error}")
+    # The serve stage reads the node's engines from here: a job can pick an engine by name, never an interpreter.
+    os.environ["D0_ENGINES"] = " ".join(args.engines)
     allow_only(NODE_COMMANDS)
     app.worker_main([
         "worker",

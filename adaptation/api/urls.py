@@ -10,6 +10,7 @@ from ..clusters import api as clusters
 from ..coverage import api as coverage
 from ..intake import api as intake
 from ..jobs import api as jobs
+from ..serving import api as serving
 from ..sweeps import api as sweeps
 from .health import StatusView
 
@@ -28,6 +29,7 @@ router.register("coverage-reports", coverage.CoverageReportViewSet)
 router.register("operators", coverage.OperatorRecordViewSet)
 router.register("virtual-backends", coverage.VirtualBackendViewSet)
 router.register("sweep-reports", sweeps.SweepReportViewSet, basename="sweep-report")
+router.register("engine-reports", serving.EngineReportViewSet, basename="engine-report")
 
 urlpatterns = [
     path("status/", StatusView.as_view(), name="api-status"),

@@ -79,6 +79,8 @@ def stage_page(job: AdaptationJob, run: StageRun) -> str | None:
         return reverse("sharded-run", args=[run.pk])
     if run.kind == "sweep":
         return reverse("sweep-report", args=[run.pk])
+    if run.kind == "serve_sweep":
+        return reverse("engine-report", args=[run.pk])
     return None
 
 

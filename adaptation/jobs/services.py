@@ -31,6 +31,7 @@ from ..clusters import trust
 from ..coverage import services as coverage
 from ..models import AdaptationJob, Cluster, ModelSpec, Node, StageRun
 from ..sharding import services as sharding
+from ..serving import services as serving
 from ..sweeps import services as sweeps
 
 logger = logging.getLogger(__name__)
@@ -93,9 +94,12 @@ ADAPT_STAGES = ["env_check", "op_coverage", "sharded_run", "sweep"]
 def submit_adaptation(*, model: ModelSpec, cluster: Cluster, user) -> AdaptationJob:
     """The whole adaptation in one job: env check, coverage, a sharded validation run, and the tuning sweep."""
     layout, why = sharding.adaptation_layout(model, cluster)
-    job = submit_job(team=cluster.team, user=user, cluster=cluster, model=model, stages=ADAPT_STAGES,
-                     parameters={"op_coverage": {"compile": False}, "sharded_run": layout,
-                                 "sweep": sweeps.ADAPTATION_SWEEP})
+    # A node with a real engine serves the model on it; without one the sweep serves d0's reduced proxy (and its
+    # report says so).
+    serve = serving.cluster_serves(cluster)
+    final = ("serve_sweep", serving.ADAPTATION_SERVE_SWEEP) if serve else ("sweep", sweeps.ADAPTATION_SWEEP)
+    job = submit_job(team=cluster.team, user=user, cluster=cluster, model=model, stages=[*ADAPT_STAGES[:-1], final[0]],
+                     parameters={"op_coverage": {"compile": False}, "sharded_run": layout, final[0]: final[1]})
     job.append_log(f"adaptation: model analysed at upload ({model.analysis.get('method') if model.analysis else '?'});"
                    f" sharded run uses {why}")
     return job
@@ -228,6 +232,13 @@ def stage_assignments(job: AdaptationJob, kind: str, nodes: list[Node]) -> list[
     if placement == "one":
         if kind == "sweep" and "hardware" not in params:
             params["hardware"] = sweeps.measured_hardware(nodes[0])
+        if kind == "serve_sweep":
+            engine = params.get("engine", "vllm")
+            serving_nodes = [node for node in nodes if serving.engine_of(node.host_facts or {}, engine)]
+            if not serving_nodes:
+                raise ValueError(f"no eligible node offers a usable {engine} engine (start a node worker with "
+                                 f"--engine {engine}=/path/to/its/python)")
+            return [(serving_nodes[0], params)]
         return [(nodes[0], params)]
     if placement != "group":
         return [(node, params) for node in nodes]

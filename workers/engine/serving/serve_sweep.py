@@ -66,6 +66,10 @@ PARAMETERS = (
               + ", ".join(SETTINGS), default={}, check=check_settings),
     Parameter("grid", "object", "lists of engine settings to try, one engine start per combination; "
               "concurrency (client side) reuses a start", default=DEFAULT_GRID, check=_grid),
+    Parameter("configurations", "list", "engine configurations to try as given, each an object of engine settings "
+              "(and concurrency), instead of or after the grid's", default=[], max_items=MAX_CONFIGURATIONS,
+              item=Parameter("configuration", "object", "engine settings of one configuration",
+                             check=lambda value: _grid({key: [item] for key, item in value.items()}))),
     Parameter("workload", "object", "requests, prompt_len, output_len, arrival (closed or poisson), rate, "
               "concurrency, warmup_requests, slo, timeout_s (per trial)", default={}, check=Workload.from_dict),
     Parameter("startup_timeout_s", "float", "seconds an engine may take to become healthy", default=900.0,
@@ -262,7 +266,12 @@ def serve_sweep(params: dict, progress) -> dict:
             raise ServeSweepFailed(f"the checkpoint was refused before any engine started: {refusal}") from None
         needed = workload.max_sequence_tokens() + 16
         session = Session(engine, described, checkpoint, work / "logs", max_model_len=max(256, needed))
-        groups = engine_configurations(params["settings"], params.get("grid") or {})
+        groups = engine_configurations(params["settings"], params.get("grid") or {}) if (
+            params.get("grid") or not params["configurations"]) else []
+        for given in params["configurations"]:
+            client = {key: given[key] for key in CLIENT_KEYS if key in given}
+            groups.append(({**params["settings"], **{k: v for k, v in given.items() if k not in CLIENT_KEYS}},
+                           [client]))
         trials: list[dict] = []
         for index, (settings, clients) in enumerate(groups):
             def step(message, index=index):
@@ -282,7 +291,8 @@ def serve_sweep(params: dict, progress) -> dict:
                                             startup_timeout_s=params["startup_timeout_s"])
     progress(1.0, "done")
     return {"engine": described, "weights": weights, "tensors": tensors, "workload": workload.as_dict(),
-            "grid": params.get("grid") or {}, "settings": params["settings"], "trials": trials,
+            "grid": params.get("grid") or {}, "configurations": params["configurations"],
+            "settings": params["settings"], "trials": trials,
             "best": {"id": best["id"], "settings": best["settings"], "client": best["client"],
                      "metrics": best["metrics"]},
             "recipe": recipe(best, described, {key: value for key, value in weights.items() if key != "path"}

@@ -17,6 +17,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from pathlib import Path
 # line is the reason shown with the label.
 CAUSES = (
     ("out of memory", re.compile(r"out of memory|OutOfMemoryError|not enough memory|Insufficient memory|"
+                                 r"is less than requested memory|"
                                  r"No available memory for the cache blocks|exceeds the available|"
                                  r"larger than the available KV cache|cannot allocate memory", re.IGNORECASE)),
     ("unsupported architecture", re.compile(r"are not supported for now|is not supported|not supported by|"
@@ -129,6 +131,8 @@ class EngineServer:
         self.command, self.env, self.log_path, self.port = command, env, log_path, port
         self.health_url = f"http://127.0.0.1:{port}{health_path}"
         self.process: subprocess.Popen | None = None
+        # Every process of the engine inherits this, so an operator (or a test) finds what d0 started.
+        self.run_id = uuid.uuid4().hex[:12]
         self.started_at: float | None = None
         self.healthy_after_s: float | None = None
 
@@ -140,7 +144,8 @@ class EngineServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             # A session (and so a process group) of its own: stop() ends the engine's children with it.
-            self.process = subprocess.Popen(self.command, env={**engine_environment(), **self.env}, stdout=log,
+            self.process = subprocess.Popen(self.command, env={**engine_environment(), **self.env,
+                                                                             "D0_ENGINE_RUN": self.run_id}, stdout=log,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             start_new_session=True, preexec_fn=_die_with_parent)
         self.started_at = time.perf_counter()

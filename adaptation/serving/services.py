@@ -1,0 +1,71 @@
+"""Engine reports as the pages, the API and the downloads read them, the recipe as a script, and whether a
+cluster has a node that serves with a real engine (then the whole adaptation runs the engine sweep)."""
+
+from __future__ import annotations
+
+import shlex
+
+from ..choices import NodeStatus
+from ..models import Cluster, StageRun
+
+ENGINE_REPORT_KIND = "serve_sweep"
+# The whole adaptation's engine sweep: four engine starts (max-num-seqs x block size), a short closed-loop
+# workload; teams give their own grid and SLOs through the job form or the API.
+ADAPTATION_SERVE_SWEEP = {"grid": {"max_num_seqs": [2, 4], "block_size": [16, 32]},
+                          "workload": {"requests": 8, "prompt_len": 32, "output_len": 16}}
+
+
+def engine_of(host_facts: dict, name: str = "vllm") -> dict | None:
+    """The node's usable engine of that name, as its registration reported it."""
+    for engine in host_facts.get("engines") or []:
+        if isinstance(engine, dict) and engine.get("name") == name and engine.get("usable"):
+            return engine
+    return None
+
+
+def cluster_serves(cluster: Cluster, name: str = "vllm") -> bool:
+    return any(engine_of(node.host_facts or {}, name)
+               for node in cluster.nodes.filter(status=NodeStatus.ONLINE))
+
+
+def recipe_script(result: dict) -> str:
+    """The recipe as a shell script: the engine's exact command and environment, with the checkpoint folder given
+    by $MODEL when d0 served a validation checkpoint of its own (its folder lived only for the stage)."""
+    recipe = result["recipe"]
+    command = shlex.split(recipe["command"])
+    assignments = {key: value for key, value in recipe["env"].items()}
+    while command and "=" in command[0] and not command[0].startswith("-"):
+        command.pop(0)  # the environment is written out below, one variable per line
+    weights = recipe.get("weights") or {}
+    lines = ["#!/bin/sh", f"# d0 deployment recipe: {recipe['engine']} {recipe.get('version') or ''}".rstrip(),
+             f"# measured: {recipe['measured'].get('output_tokens_per_s') or 0:.1f} output tokens/s, "
+             f"engine start {recipe.get('startup_s') or 0:.0f} s (trial {recipe['trial']})",
+             f"# weights: {weights.get('kind', '?')}"]
+    if weights.get("kind") != "checkpoint" and "--model" in command:
+        command[command.index("--model") + 1] = "${MODEL:?the checkpoint folder}"
+        lines.append("# d0 served a validation checkpoint (reduced, random weights): set MODEL to your checkpoint")
+    if "--port" in command:
+        command[command.index("--port") + 1] = "${PORT:-8000}"
+    lines += [f"export {key}={shlex.quote(str(value))}" for key, value in sorted(assignments.items())]
+    quoted = [part if part.startswith("${") else shlex.quote(part) for part in command]
+    lines.append("exec " + " ".join(f'"{part}"' if part.startswith("${") else part for part in quoted))
+    return "\n".join(lines) + "\n"
+
+
+def _rows(result: dict) -> list[dict]:
+    rows = []
+    for trial in result.get("trials", []):
+        settings = {key: value for key, value in trial.get("settings", {}).items()}
+        rows.append({**trial, "settings_text": ", ".join(f"{key}={value}" for key, value in settings.items()),
+                     "client_text": ", ".join(f"{key}={value}" for key, value in (trial.get("client") or {}).items())})
+    return rows
+
+
+def report_context(run: StageRun) -> dict:
+    result = run.result
+    correctness = result.get("correctness") or {}
+    return {"run": run, "result": result, "recipe": result.get("recipe"), "engine": result.get("engine") or {},
+            "weights": result.get("weights") or {}, "tensors": result.get("tensors") or {},
+            "correctness": correctness, "trials": _rows(result),
+            "title": f"{(result.get('engine') or {}).get('name', 'engine')} serving {run.job.model} on "
+                     f"{run.node_name} (job {run.job_id})"}

@@ -1,0 +1,185 @@
+"""The real engine: vLLM's CPU build (``.venv-vllm``, made by ``scripts/vllm-env.sh``; ``scripts/test.sh`` makes it
+and sets D0_TEST_VLLM_PYTHON) serving validation checkpoints, through real Celery workers where a job is involved.
+
+Each engine start costs 40-100 s on a 2-core machine, so the tests start as few as prove the point."""
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import job_status, load_config, node_online
+from tests.harness import wait_for
+from workers.engine.serving.checkpoint import write_validation_checkpoint
+from workers.engine.serving.correctness import check_correctness
+from workers.engine.serving.engines import Engine
+from workers.engine.serving.serve_sweep import Session, run_trials
+from workers.engine.sweep.workload import Workload
+
+REPO = Path(__file__).parent.parent
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    python = os.environ.get("D0_TEST_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
+    if not Path(python).exists():
+        if os.environ.get("D0_TEST_VLLM_PYTHON"):
+            pytest.fail(f"D0_TEST_VLLM_PYTHON={python} does not exist")
+        pytest.skip("no vLLM environment: run scripts/vllm-env.sh (scripts/test.sh does)")
+    return python
+
+
+def engine_processes() -> list[psutil.Process]:
+    """Processes started by d0 as engines (they carry D0_ENGINE_RUN in their environment)."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if "D0_ENGINE_RUN" in process.environ():
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.fixture
+def llama_session(tmp_path, vllm_python):
+    checkpoint = tmp_path / "checkpoint"
+    write_validation_checkpoint(load_config("llama-3.1-8b.json"), checkpoint)
+    engine = Engine("vllm", vllm_python)
+    described = engine.probe()
+    assert described["usable"] and described["version"] == "0.32.0", described
+    return Session(engine, described, checkpoint, tmp_path / "logs", max_model_len=512)
+
+
+def test_tp2_engine_gives_the_greedy_tokens_of_tp1_and_of_transformers(llama_session):
+    report = check_correctness(llama_session, {"tensor_parallel_size": 2}, vocab=512, tokens=8,
+                               startup_timeout_s=600)
+    print({key: report.get(key) for key in ("verdict", "versus_engine_tp1", "versus_transformers")})
+    assert report["verdict"] == "agree", report.get("reason")
+    assert report["versus_engine_tp1"]["tokens_equal"] and report["versus_transformers"]["tokens_equal"]
+    assert report["versus_transformers"]["max_logprob_difference"] < 1e-3
+    assert "--tensor-parallel-size 2" in report["engine"]["command"]
+    assert not engine_processes()
+
+
+def test_a_trial_past_its_timeout_ends_with_the_reason_and_no_engine_left(llama_session):
+    slow = Workload.from_dict({"requests": 64, "prompt_len": 32, "output_len": 200, "timeout_s": 3})
+    trials = run_trials(llama_session, {"max_num_seqs": 2}, [{}], slow, 600, 0, lambda message: None)
+    assert trials[0]["status"] == "failed" and trials[0]["cause"] == "timed out"
+    assert "not all answered within 3 s" in trials[0]["reason"]
+    assert not engine_processes()
+
+
+def test_an_engine_killed_mid_trial_ends_the_trial_with_the_reason_and_no_engine_left(llama_session):
+    long = Workload.from_dict({"requests": 200, "prompt_len": 32, "output_len": 64})
+
+    def kill_when_serving(message):
+        if message.startswith("serving"):
+            def kill():
+                time.sleep(2)
+                for process in engine_processes():
+                    if "api_server" in " ".join(process.cmdline()):
+                        process.send_signal(signal.SIGKILL)
+            threading.Thread(target=kill, daemon=True).start()
+
+    trials = run_trials(llama_session, {"max_num_seqs": 2}, [{}], long, 600, 0, kill_when_serving)
+    assert trials[0]["status"] == "failed" and trials[0]["cause"] in ("exited", "error"), trials[0]
+    assert "exited" in trials[0]["reason"]
+    wait_for(lambda: not engine_processes(), 30, "the engine's processes to end")
+
+
+# --- through real workers ------------------------------------------------------------------------------
+
+
+LLAMA_CONFIGURATIONS = [{"max_num_seqs": seqs, "block_size": block} for seqs in (2, 4) for block in (16, 32)] + [
+    {"kv_cache_space_gib": 200}]  # more KV cache than the machine has: vLLM refuses to start, the sweep goes on
+SMALL = {"requests": 8, "prompt_len": 16, "output_len": 8}
+
+
+def _serve_node(stack, team, vllm_python, hostname):
+    cluster = team.clusters.create(name="serve", expected_devices_per_node=1)
+    stack.start_node("alpha/serve", hostname, extra=("--engine", f"vllm={vllm_python}"))
+    node = wait_for(node_online(hostname), 60, "node registration")
+    wait_for(lambda: node.__class__.objects.get(pk=node.pk).host_facts.get("engines"), 30, "the engine probe")
+    return cluster
+
+
+@pytest.mark.workers
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("slug, parameters", [
+    ("llama-3.1-8b", {"configurations": LLAMA_CONFIGURATIONS, "correctness": False}),
+    ("qwen3-30b-a3b", {"grid": {"max_num_seqs": [2, 4], "concurrency": [1, 2]}, "correctness": False}),
+    ("deepseek-v3", {"grid": {"max_num_seqs": [2, 4], "concurrency": [1, 2]}, "correctness": False}),
+])
+def test_serve_sweep_job_serves_every_trial_on_vllm_and_writes_a_recipe(stack, team, owner, member, member_api,
+                                                                        vllm_python, slug, parameters):
+    from django.test import Client
+
+    from adaptation.intake import services as intake
+    from adaptation.models import Node
+
+    cluster = _serve_node(stack, team, vllm_python, f"serve-{slug}")
+    engines = Node.objects.get(hostname=f"serve-{slug}").host_facts["engines"]
+    assert engines[0]["name"] == "vllm" and engines[0]["usable"] and engines[0]["version"] == "0.32.0"
+    spec = intake.add_from_catalog(team=team, user=owner, slug=slug)[0]
+    response = member_api.post("/api/jobs/", {"cluster": cluster.pk, "model": spec.pk, "stages": ["serve_sweep"],
+                                              "parameters": {"serve_sweep": {**parameters, "workload": SMALL}}},
+                               format="json")
+    assert response.status_code == 201, response.json()
+    job = wait_for(job_status(response.json()["id"], "succeeded", "failed"), 20 * 60, "the serve sweep")
+    assert job.status == "succeeded", job.error + job.log
+    run = job.stage_runs.get(kind="serve_sweep")
+    result = run.result
+    trials = result["trials"]
+    assert len(trials) >= 4
+    failed = [trial for trial in trials if trial["status"] != "ok"]
+    for trial in trials:
+        if trial["status"] == "ok":
+            metrics = trial["metrics"]
+            assert metrics["completed"] == SMALL["requests"] and metrics["failed"] == 0
+            assert metrics["output_tokens_per_s"] > 0 and metrics["ttft_s"]["p50"] > 0 and metrics["tpot_s"]["p50"] > 0
+            assert trial["startup_s"] > 0 and metrics["peak_memory_bytes"] > 0
+    if slug == "llama-3.1-8b":
+        assert len(failed) == 1 and failed[0]["settings"]["kv_cache_space_gib"] == 200
+        assert failed[0]["cause"] == "out of memory" and "less than requested memory" in failed[0]["reason"]
+        assert result["engine_starts"] == 5
+    else:
+        assert not failed and result["engine_starts"] == 2  # concurrency reuses an engine start
+    recipe = result["recipe"]
+    assert recipe["engine"] == "vllm" and recipe["version"] == "0.32.0"
+    assert "vllm.entrypoints.openai.api_server" in recipe["command"] and "--max-num-seqs" in recipe["command"]
+    assert result["tensors"]["tensors"] == result["tensors"]["expected"]
+    client = Client()
+    client.force_login(member)
+    page = client.get(f"/engines/{run.pk}/").content.decode()
+    assert "Deployment recipe" in page and "vllm 0.32.0" in page and "validation checkpoint" in page
+    script = client.get(f"/engines/{run.pk}/recipe.sh").content.decode()
+    assert script.startswith("#!/bin/sh") and "${MODEL:?" in script
+    assert member_api.get(f"/api/engine-reports/{run.pk}/").json()["result"]["recipe"] == recipe
+    assert not engine_processes()
+
+
+@pytest.mark.workers
+@pytest.mark.django_db(transaction=True)
+def test_cancelling_a_serve_sweep_mid_trial_leaves_no_engine_behind(stack, team, owner, member_api, vllm_python):
+    from adaptation.intake import services as intake
+    from adaptation.models import StageRun
+
+    cluster = _serve_node(stack, team, vllm_python, "serve-cancel")
+    spec = intake.add_from_catalog(team=team, user=owner, slug="llama-3.1-8b")[0]
+    response = member_api.post("/api/jobs/", {"cluster": cluster.pk, "model": spec.pk, "stages": ["serve_sweep"],
+                                              "parameters": {"serve_sweep": {
+                                                  "grid": {"max_num_seqs": [2]}, "correctness": False,
+                                                  "workload": {"requests": 400, "prompt_len": 32,
+                                                               "output_len": 64}}}}, format="json")
+    job_id = response.json()["id"]
+    wait_for(lambda: StageRun.objects.filter(job_id=job_id, message__startswith="configuration 1 of 1: serving")
+             .first(), 10 * 60, "the trial to be serving")
+    assert engine_processes()
+    assert member_api.post(f"/api/jobs/{job_id}/cancel/").status_code == 200
+    wait_for(job_status(job_id, "cancelled"), 30, "the job to be cancelled")
+    wait_for(lambda: not engine_processes(), 60, "the engine's processes to end")

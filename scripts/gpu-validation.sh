@@ -13,7 +13,7 @@ configs=adaptation/intake/catalog/configs
 run() {  # name, then the engine command; a failing check is recorded, the others still run
   local name=$1; shift
   echo "== $name"
-  if ! timeout 300 $PY -m workers.engine "$@" --json > "$out/$name.json" 2> "$out/$name.stderr"; then
+  if ! timeout "${TIMEOUT:-300}" $PY -m workers.engine "$@" --json > "$out/$name.json" 2> "$out/$name.stderr"; then
     echo "   failed: see $out/$name.stderr"
   fi
 }
@@ -24,4 +24,14 @@ run parity-llama-3.1-8b-bf16 shard "$configs/llama-3.1-8b.json" --tp 1 --dtype b
 run parity-mixtral-8x7b-bf16 shard "$configs/mixtral-8x7b-v0.1.json" --tp 1 --dtype bf16 --device cuda
 run sweep-qwen3-30b-a3b-bf16 sweep "$configs/qwen3-30b-a3b.json" --precisions bf16 --batch-sizes 1,4,16 \
   --page-sizes 16,64 --requests 16 --device cuda
+# An engine trial when the machine has vLLM (D0_VLLM_PYTHON names its interpreter, else `python -c "import vllm"`):
+# the validation checkpoint of Llama-3.1-8B's architecture served on the GPU, two configurations, with correctness.
+VLLM_PY=${D0_VLLM_PYTHON:-}
+if [ -z "$VLLM_PY" ] && $PY -c "import vllm" 2>/dev/null; then VLLM_PY=$(command -v "$PY"); fi
+if [ -n "$VLLM_PY" ]; then
+  TIMEOUT=540 run serve-llama-3.1-8b-vllm serve "$configs/llama-3.1-8b.json" --engine "vllm=$VLLM_PY" \
+    --grid '{"max_num_seqs": [8, 32]}' --settings '{"gpu_memory_utilization": 0.5}'
+else
+  echo "no vLLM on this machine: the engine trial was not run" | tee "$out/serve-not-run.txt"
+fi
 ls -la "$out"

@@ -55,6 +55,7 @@ def llama_session(tmp_path, vllm_python):
     return Session(engine, described, checkpoint, tmp_path / "logs", max_model_len=512)
 
 
+@pytest.mark.timeout(15 * 60)
 def test_tp2_engine_gives_the_greedy_tokens_of_tp1_and_of_transformers(llama_session):
     report = check_correctness(llama_session, {"tensor_parallel_size": 2}, vocab=512, tokens=8,
                                startup_timeout_s=600)
@@ -66,6 +67,7 @@ def test_tp2_engine_gives_the_greedy_tokens_of_tp1_and_of_transformers(llama_ses
     assert not engine_processes()
 
 
+@pytest.mark.timeout(10 * 60)
 def test_a_trial_past_its_timeout_ends_with_the_reason_and_no_engine_left(llama_session):
     slow = Workload.from_dict({"requests": 64, "prompt_len": 32, "output_len": 200, "timeout_s": 3})
     trials = run_trials(llama_session, {"max_num_seqs": 2}, [{}], slow, 600, 0, lambda message: None)
@@ -74,6 +76,7 @@ def test_a_trial_past_its_timeout_ends_with_the_reason_and_no_engine_left(llama_
     assert not engine_processes()
 
 
+@pytest.mark.timeout(10 * 60)
 def test_an_engine_killed_mid_trial_ends_the_trial_with_the_reason_and_no_engine_left(llama_session):
     long = Workload.from_dict({"requests": 200, "prompt_len": 32, "output_len": 64})
 
@@ -98,6 +101,7 @@ def test_an_engine_killed_mid_trial_ends_the_trial_with_the_reason_and_no_engine
 LLAMA_CONFIGURATIONS = [{"max_num_seqs": seqs, "block_size": block} for seqs in (2, 4) for block in (16, 32)] + [
     {"kv_cache_space_gib": 200}]  # more KV cache than the machine has: vLLM refuses to start, the sweep goes on
 SMALL = {"requests": 8, "prompt_len": 16, "output_len": 8}
+STAGES = ["env_check", "serve_sweep"]  # the engine sweep is gated: the node proves itself fit first
 
 
 def _serve_node(stack, team, vllm_python, hostname):
@@ -109,6 +113,7 @@ def _serve_node(stack, team, vllm_python, hostname):
 
 
 @pytest.mark.workers
+@pytest.mark.timeout(25 * 60)
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("slug, parameters", [
     ("llama-3.1-8b", {"configurations": LLAMA_CONFIGURATIONS, "correctness": False}),
@@ -126,7 +131,7 @@ def test_serve_sweep_job_serves_every_trial_on_vllm_and_writes_a_recipe(stack, t
     engines = Node.objects.get(hostname=f"serve-{slug}").host_facts["engines"]
     assert engines[0]["name"] == "vllm" and engines[0]["usable"] and engines[0]["version"] == "0.32.0"
     spec = intake.add_from_catalog(team=team, user=owner, slug=slug)[0]
-    response = member_api.post("/api/jobs/", {"cluster": cluster.pk, "model": spec.pk, "stages": ["serve_sweep"],
+    response = member_api.post("/api/jobs/", {"cluster": cluster.pk, "model": spec.pk, "stages": STAGES,
                                               "parameters": {"serve_sweep": {**parameters, "workload": SMALL}}},
                                format="json")
     assert response.status_code == 201, response.json()
@@ -164,6 +169,7 @@ def test_serve_sweep_job_serves_every_trial_on_vllm_and_writes_a_recipe(stack, t
 
 
 @pytest.mark.workers
+@pytest.mark.timeout(15 * 60)
 @pytest.mark.django_db(transaction=True)
 def test_cancelling_a_serve_sweep_mid_trial_leaves_no_engine_behind(stack, team, owner, member_api, vllm_python):
     from adaptation.intake import services as intake
@@ -171,7 +177,7 @@ def test_cancelling_a_serve_sweep_mid_trial_leaves_no_engine_behind(stack, team,
 
     cluster = _serve_node(stack, team, vllm_python, "serve-cancel")
     spec = intake.add_from_catalog(team=team, user=owner, slug="llama-3.1-8b")[0]
-    response = member_api.post("/api/jobs/", {"cluster": cluster.pk, "model": spec.pk, "stages": ["serve_sweep"],
+    response = member_api.post("/api/jobs/", {"cluster": cluster.pk, "model": spec.pk, "stages": STAGES,
                                               "parameters": {"serve_sweep": {
                                                   "grid": {"max_num_seqs": [2]}, "correctness": False,
                                                   "workload": {"requests": 400, "prompt_len": 32,

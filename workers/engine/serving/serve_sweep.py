@@ -65,7 +65,8 @@ PARAMETERS = (
     Parameter("settings", "object", "engine settings every trial uses, named as vLLM's arguments: "
               + ", ".join(SETTINGS), default={}, check=check_settings),
     Parameter("grid", "object", "lists of engine settings to try, one engine start per combination; "
-              "concurrency (client side) reuses a start", default=DEFAULT_GRID, check=_grid),
+              "concurrency (client side) reuses a start (default, when no configurations are given either: "
+              + ", ".join(f"{key} {values}" for key, values in DEFAULT_GRID.items()) + ")", default={}, check=_grid),
     Parameter("configurations", "list", "engine configurations to try as given, each an object of engine settings "
               "(and concurrency), instead of or after the grid's", default=[], max_items=MAX_CONFIGURATIONS,
               item=Parameter("configuration", "object", "engine settings of one configuration",
@@ -266,8 +267,8 @@ def serve_sweep(params: dict, progress) -> dict:
             raise ServeSweepFailed(f"the checkpoint was refused before any engine started: {refusal}") from None
         needed = workload.max_sequence_tokens() + 16
         session = Session(engine, described, checkpoint, work / "logs", max_model_len=max(256, needed))
-        groups = engine_configurations(params["settings"], params.get("grid") or {}) if (
-            params.get("grid") or not params["configurations"]) else []
+        grid = params["grid"] or ({} if params["configurations"] else DEFAULT_GRID)
+        groups = engine_configurations(params["settings"], grid) if grid else []
         for given in params["configurations"]:
             client = {key: given[key] for key in CLIENT_KEYS if key in given}
             groups.append(({**params["settings"], **{k: v for k, v in given.items() if k not in CLIENT_KEYS}},
@@ -291,7 +292,7 @@ def serve_sweep(params: dict, progress) -> dict:
                                             startup_timeout_s=params["startup_timeout_s"])
     progress(1.0, "done")
     return {"engine": described, "weights": weights, "tensors": tensors, "workload": workload.as_dict(),
-            "grid": params.get("grid") or {}, "configurations": params["configurations"],
+            "grid": grid, "configurations": params["configurations"],
             "settings": params["settings"], "trials": trials,
             "best": {"id": best["id"], "settings": best["settings"], "client": best["client"],
                      "metrics": best["metrics"]},

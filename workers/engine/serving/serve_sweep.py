@@ -103,20 +103,26 @@ class _PeakRss(threading.Thread):
         super().__init__(daemon=True)
         self.pid, self.peak, self.stopped = pid, 0, threading.Event()
 
-    def run(self) -> None:
+    def sample(self) -> None:
         import psutil
 
+        try:
+            leader = psutil.Process(self.pid)
+            processes = [leader, *leader.children(recursive=True)]
+            self.peak = max(self.peak, sum(_rss(process) for process in processes))
+        except psutil.Error:
+            pass
+
+    def run(self) -> None:
+        # A sample at once and one at the end too: a short trial may be over before the first interval.
+        self.sample()
         while not self.stopped.wait(SAMPLE_S):
-            try:
-                leader = psutil.Process(self.pid)
-                processes = [leader, *leader.children(recursive=True)]
-                self.peak = max(self.peak, sum(_rss(process) for process in processes))
-            except psutil.Error:
-                return
+            self.sample()
 
     def finish(self) -> int | None:
         self.stopped.set()
         self.join(timeout=2)
+        self.sample()
         return self.peak or None
 
 

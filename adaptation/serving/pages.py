@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import json
-
 from django.contrib.auth.decorators import login_required
-from django.http import Http404
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import render
 
 from ..models import StageRun
-from ..sweeps.pages import download
+from ..sweeps.pages import compare_context, download, json_download, report_run
 from .services import ENGINE_REPORT_KIND, recipe_script, report_context
 
 
 def engine_run(request, pk) -> StageRun:
-    run = get_object_or_404(StageRun.objects.for_user(request.user).select_related("job__model", "job__cluster"),
-                            pk=pk)
-    if run.kind != ENGINE_REPORT_KIND or not run.result:
-        raise Http404("No engine report here.")
-    return run
+    return report_run(request, pk, ENGINE_REPORT_KIND, "engine report")
 
 
 @login_required
@@ -28,8 +21,7 @@ def report_page(request, pk):
 
 @login_required
 def report_json(request, pk):
-    run = engine_run(request, pk)
-    return download(json.dumps(run.result, indent=2, sort_keys=True), "application/json", f"d0-engine-{run.pk}.json")
+    return json_download(engine_run(request, pk), "d0-engine")
 
 
 @login_required
@@ -40,9 +32,5 @@ def recipe(request, pk):
 
 @login_required
 def compare_page(request):
-    runs = StageRun.objects.for_user(request.user).filter(kind=ENGINE_REPORT_KIND, status="succeeded")
-    chosen = [runs.select_related("job__model").filter(pk=request.GET.get(key) or 0).first() for key in ("a", "b")]
-    return render(request, "adaptation/serving/compare.html", {
-        "sides": [report_context(run) for run in chosen if run is not None],
-        "pickers": [(key, request.GET.get(key) or "") for key in ("a", "b")],
-        "choices": runs.select_related("job__model").defer("result").order_by("-id")[:50]})
+    return render(request, "adaptation/serving/compare.html",
+                  compare_context(request, ENGINE_REPORT_KIND, report_context))

@@ -33,30 +33,29 @@ def recipe_script(result: dict) -> str:
     by $MODEL when d0 served a validation checkpoint of its own (its folder lived only for the stage)."""
     recipe = result["recipe"]
     command = shlex.split(recipe["command"])
-    assignments = {key: value for key, value in recipe["env"].items()}
     while command and "=" in command[0] and not command[0].startswith("-"):
         command.pop(0)  # the environment is written out below, one variable per line
+    quoted = [shlex.quote(part) for part in command]
     weights = recipe.get("weights") or {}
     lines = ["#!/bin/sh", f"# d0 deployment recipe: {recipe['engine']} {recipe.get('version') or ''}".rstrip(),
              f"# measured: {recipe['measured'].get('output_tokens_per_s') or 0:.1f} output tokens/s, "
              f"engine start {recipe.get('startup_s') or 0:.0f} s (trial {recipe['trial']})",
              f"# weights: {weights.get('kind', '?')}"]
     if weights.get("kind") != "checkpoint" and "--model" in command:
-        command[command.index("--model") + 1] = "${MODEL:?the checkpoint folder}"
+        quoted[command.index("--model") + 1] = '"${MODEL:?the checkpoint folder}"'
         lines.append("# d0 served a validation checkpoint (reduced, random weights): set MODEL to your checkpoint")
     if "--port" in command:
-        command[command.index("--port") + 1] = "${PORT:-8000}"
-    lines += [f"export {key}={shlex.quote(str(value))}" for key, value in sorted(assignments.items())]
-    quoted = [part if part.startswith("${") else shlex.quote(part) for part in command]
-    lines.append("exec " + " ".join(f'"{part}"' if part.startswith("${") else part for part in quoted))
+        quoted[command.index("--port") + 1] = '"${PORT:-8000}"'
+    lines += [f"export {key}={shlex.quote(str(value))}" for key, value in sorted(recipe["env"].items())]
+    lines.append("exec " + " ".join(quoted))
     return "\n".join(lines) + "\n"
 
 
 def _rows(result: dict) -> list[dict]:
     rows = []
     for trial in result.get("trials", []):
-        settings = {key: value for key, value in trial.get("settings", {}).items()}
-        rows.append({**trial, "settings_text": ", ".join(f"{key}={value}" for key, value in settings.items()),
+        rows.append({**trial, "settings_text": ", ".join(f"{key}={value}"
+                                                         for key, value in trial.get("settings", {}).items()),
                      "client_text": ", ".join(f"{key}={value}" for key, value in (trial.get("client") or {}).items())})
     return rows
 

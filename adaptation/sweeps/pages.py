@@ -13,12 +13,30 @@ from ..models import StageRun
 from .services import report_context, self_contained_html, trials_csv
 
 
-def _sweep_run(request, pk) -> StageRun:
+def report_run(request, pk, kind: str, what: str) -> StageRun:
+    """The user's stage run ``pk`` of ``kind`` with a result (a report), else 404."""
     run = get_object_or_404(StageRun.objects.for_user(request.user).select_related("job__model", "job__cluster"),
                             pk=pk)
-    if run.kind != "sweep" or not run.result:
-        raise Http404("No sweep report here.")
+    if run.kind != kind or not run.result:
+        raise Http404(f"No {what} here.")
     return run
+
+
+def _sweep_run(request, pk) -> StageRun:
+    return report_run(request, pk, "sweep", "sweep report")
+
+
+def json_download(run: StageRun, prefix: str) -> HttpResponse:
+    return download(json.dumps(run.result, indent=2, sort_keys=True), "application/json", f"{prefix}-{run.pk}.json")
+
+
+def compare_context(request, kind: str, context_of) -> dict:
+    """Reports ``?a=`` and ``?b=`` of ``kind`` side by side (each ``context_of(run)``), and the reports to pick."""
+    runs = StageRun.objects.for_user(request.user).filter(kind=kind, status="succeeded").select_related("job__model")
+    chosen = [runs.filter(pk=request.GET.get(key) or 0).first() for key in ("a", "b")]
+    return {"sides": [context_of(run) for run in chosen if run is not None],
+            "pickers": [(key, request.GET.get(key) or "") for key in ("a", "b")],
+            "choices": runs.defer("result").order_by("-id")[:50]}
 
 
 @login_required
@@ -34,8 +52,7 @@ def report_html(request, pk):
 
 @login_required
 def report_json(request, pk):
-    run = _sweep_run(request, pk)
-    return download(json.dumps(run.result, indent=2, sort_keys=True), "application/json", f"d0-sweep-{run.pk}.json")
+    return json_download(_sweep_run(request, pk), "d0-sweep")
 
 
 @login_required
@@ -46,11 +63,7 @@ def report_csv(request, pk):
 
 @login_required
 def compare_page(request):
-    runs = StageRun.objects.for_user(request.user).filter(kind="sweep", status="succeeded")
-    chosen = [runs.select_related("job__model").filter(pk=request.GET.get(key) or 0).first() for key in ("a", "b")]
-    sides = [report_context(run) for run in chosen if run is not None]
-    return render(request, "adaptation/sweeps/compare.html", {
-        "sides": sides, "choices": runs.select_related("job__model").defer("result").order_by("-id")[:50]})
+    return render(request, "adaptation/sweeps/compare.html", compare_context(request, "sweep", report_context))
 
 
 def download(content: str, content_type: str, filename: str) -> HttpResponse:

@@ -52,18 +52,8 @@ def run(args: argparse.Namespace, progress=None) -> dict:
         params["grid"] = args.grid
     if args.weights:
         params["weights_path"] = str(args.weights.resolve())
-    roots = (str(args.weights.resolve()),) if args.weights else ()
-    from ..parameters import validate
-
-    # An operator's own command may name any folder: it is the node's data root for this run.
-    return serve_sweep(validate("serve_sweep", _parameters(), params, control=True, data_roots=roots),
-                       progress or (lambda fraction, message: None))
-
-
-def _parameters():
-    from .serve_sweep import PARAMETERS
-
-    return PARAMETERS
+    # serve_sweep checks the parameters itself; an operator's own command may name any folder as weights.
+    return serve_sweep(params, progress or (lambda fraction, message: None))
 
 
 def format_summary(result: dict) -> str:

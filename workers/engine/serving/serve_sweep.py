@@ -176,16 +176,17 @@ def run_trials(session: Session, settings: dict, clients: list[dict], workload: 
         progress(f"starting {session.engine.name} ({', '.join(f'{k}={v}' for k, v in settings.items())})")
         startup_s = server.wait_healthy(startup_timeout_s)
         vocab = _vocab_size(session.checkpoint)
+        # The closed loop's default concurrency is what the engine batches at most, as the proxy sweep's is.
+        batch = settings.get("max_num_seqs", 1)
         for offset, client in enumerate(clients):
             trial_workload = Workload.from_dict({**workload.as_dict(), **client})
-            progress(f"serving {trial_workload.requests} requests, concurrency "
-                     f"{trial_workload.in_flight_limit(settings.get('max_num_seqs', 1))}")
+            in_flight = trial_workload.in_flight_limit(batch)
+            progress(f"serving {trial_workload.requests} requests, concurrency {in_flight}")
             rss = _PeakRss(server.process.pid)
             rss.start()
             try:
                 run = run_requests(Endpoint(server.base_url, "d0"), trial_workload.measured_requests(vocab),
-                                   warmup=trial_workload.warmup(vocab, settings.get("max_num_seqs", 1)),
-                                   in_flight=trial_workload.in_flight_limit(settings.get("max_num_seqs", 1)),
+                                   warmup=trial_workload.warmup(vocab, batch), in_flight=in_flight,
                                    timeout_s=trial_workload.timeout_s)
             except TimeoutError as error:
                 raise EngineFailed("timed out", str(error)) from None
@@ -202,8 +203,7 @@ def run_trials(session: Session, settings: dict, clients: list[dict], workload: 
                            "startup_s": startup_s, "metrics": metrics,
                            "client_cpu_s_per_request": run.client_cpu_s_per_request,
                            "workload": {"requests": trial_workload.requests, "arrival": trial_workload.arrival,
-                                        "concurrency": trial_workload.in_flight_limit(settings.get("max_num_seqs",
-                                                                                                   1))}})
+                                        "concurrency": in_flight}})
     except EngineFailed as error:
         done = len(trials)
         trials += [{"id": first_id + done + index, **shown, "client": client, "status": "failed",
@@ -302,7 +302,6 @@ def serve_sweep(params: dict, progress) -> dict:
             "settings": params["settings"], "trials": trials,
             "best": {"id": best["id"], "settings": best["settings"], "client": best["client"],
                      "metrics": best["metrics"]},
-            "recipe": recipe(best, described, {key: value for key, value in weights.items() if key != "path"}
-                             if weights["kind"] != "checkpoint" else weights),
+            "recipe": recipe(best, described, weights),
             "correctness": correctness, "engine_starts": session.starts,
             "seconds": time.perf_counter() - started, "metric_definitions": DEFINITIONS}

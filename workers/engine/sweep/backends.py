@@ -115,8 +115,9 @@ class PlannedBackend(BenchmarkBackend):
     @classmethod
     def unavailable_reason(cls) -> str:
         here = "importable" if importlib.util.find_spec(cls.module) else "not importable"
-        return (f"the {cls.name} backend is not implemented yet ({cls.module} is {here} on this node); "
-                f"it would run each trial as {cls.engine_arguments}")
+        return (f"the proxy sweep's {cls.name} backend is not implemented yet ({cls.module} is {here} in d0's own "
+                f"environment): d0 serves on a real {cls.name} with the serve_sweep stage, on a node started with "
+                f"--engine {cls.name}=PYTHON; this backend would run each trial as {cls.engine_arguments}")
 
     def run(self, trial: Trial) -> TrialResult:
         raise NotImplementedError(self.unavailable_reason())

@@ -69,6 +69,8 @@ def test_bad_engine_settings_are_refused_naming_the_setting(given, message):
     ("ValueError: Model architectures ['FooForCausalLM'] are not supported for now.", "unsupported architecture"),
     ("NotImplementedError: Head dimension 80 is not supported by MLA", "unsupported architecture"),
     ("KeyError: 'layers.0.mlp.gate.e_score_correction_bias'", "bad weights"),
+    ("RuntimeError: Worker failed with error 'No common block size for 16 (CPU_ATTN: [MultipleOf(32)]).'",
+     "unsupported setting"),
 ])
 def test_an_engine_log_says_why_it_stopped(line, cause):
     log = "INFO starting\nTraceback (most recent call last):\n  File x\n" + line + "\nINFO shutting down\n"

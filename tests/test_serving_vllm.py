@@ -98,7 +98,8 @@ def test_an_engine_killed_mid_trial_ends_the_trial_with_the_reason_and_no_engine
 # --- through real workers ------------------------------------------------------------------------------
 
 
-LLAMA_CONFIGURATIONS = [{"max_num_seqs": seqs, "block_size": block} for seqs in (2, 4) for block in (16, 32)] + [
+# Block sizes the CPU build takes (multiples of 32: it refuses 16 with "No common block size for 16").
+LLAMA_CONFIGURATIONS = [{"max_num_seqs": seqs, "block_size": block} for seqs in (2, 4) for block in (32, 64)] + [
     {"kv_cache_space_gib": 200}]  # more KV cache than the machine has: vLLM refuses to start, the sweep goes on
 SMALL = {"requests": 8, "prompt_len": 16, "output_len": 8}
 STAGES = ["env_check", "serve_sweep"]  # the engine sweep is gated: the node proves itself fit first
@@ -116,9 +117,7 @@ def _serve_node(stack, team, vllm_python, hostname):
 @pytest.mark.timeout(25 * 60)
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("slug, parameters", [
-    pytest.param("llama-3.1-8b", {"configurations": LLAMA_CONFIGURATIONS, "correctness": False},
-                 marks=pytest.mark.xfail(strict=False, reason="failed at its last run with a check not yet read; "
-                                         "see the closing note of stop 18")),
+    ("llama-3.1-8b", {"configurations": LLAMA_CONFIGURATIONS, "correctness": False}),
     ("qwen3-30b-a3b", {"grid": {"max_num_seqs": [2, 4], "concurrency": [1, 2]}, "correctness": False}),
     ("deepseek-v3", {"grid": {"max_num_seqs": [2, 4], "concurrency": [1, 2]}, "correctness": False}),
 ])

@@ -11,7 +11,7 @@ from ..models import Cluster, StageRun
 ENGINE_REPORT_KIND = "serve_sweep"
 # The whole adaptation's engine sweep: four engine starts (max-num-seqs x block size), a short closed-loop
 # workload; teams give their own grid and SLOs through the job form or the API.
-ADAPTATION_SERVE_SWEEP = {"grid": {"max_num_seqs": [2, 4], "block_size": [16, 32]},
+ADAPTATION_SERVE_SWEEP = {"grid": {"max_num_seqs": [2, 4], "block_size": [32, 64]},
                           "workload": {"requests": 8, "prompt_len": 32, "output_len": 16}}
 
 

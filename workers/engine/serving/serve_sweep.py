@@ -30,7 +30,8 @@ from .server import EngineFailed, EngineServer, free_port, stop_servers_on_sigte
 from .tensors import CheckpointRefused, check_checkpoint
 
 CLIENT_KEYS = ("concurrency",)
-DEFAULT_GRID = {"max_num_seqs": [2, 4], "block_size": [16, 32]}
+# Block sizes every vLLM attention backend takes (the CPU build's wants multiples of 32; 16 is refused there).
+DEFAULT_GRID = {"max_num_seqs": [2, 4], "block_size": [32, 64]}
 MAX_CONFIGURATIONS = 64
 # On vLLM's CPU build the "GPU" memory share is of RAM and its 0.92 default refuses to start beside other
 # processes; the KV cache is sized by VLLM_CPU_KVCACHE_SPACE instead.

@@ -35,6 +35,8 @@ CAUSES = (
                                   r"not implemented for", re.IGNORECASE)),
     ("bad weights", re.compile(r"KeyError: .*(?:weight|bias|scale)|size mismatch|shape mismatch|"
                                r"does not match the shape", re.IGNORECASE)),
+    ("unsupported setting", re.compile(r"No common block size|MultipleOf\(|is not supported on this platform",
+                                       re.IGNORECASE)),
     ("invalid setting", re.compile(r"ValueError:|ValidationError|argument .*: invalid|error: argument",
                                    re.IGNORECASE)),
 )

@@ -29,6 +29,7 @@ from workers.engine.serving.server import EngineServer, engine_environment, free
 from workers.engine.sweep.metrics import summarize  # noqa: E402
 from workers.engine.sweep.workload import Workload  # noqa: E402
 
+BURST_TPOT_S = 1e-4
 VLLM_BENCH = """
 import json, sys
 from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -108,6 +109,13 @@ def main() -> int:
         theirs = statistics.median(figures[key] for figures in rounds["vllm"])
         verdict = "within 10%" if abs(ours / theirs - 1) <= 0.10 else "OFF BY MORE THAN 10%"
         print(f"  {label:13} d0 {ours:10.4f}  vllm bench {theirs:10.4f}  ratio {ours / theirs:5.3f}  {verdict}")
+    bursts = {name: sum(figures["tpot_s"] < BURST_TPOT_S for figures in runs) for name, runs in rounds.items()}
+    if any(bursts.values()):
+        # TPOT ~0 with a long TTFT: the server sent the whole output in one burst (its API process starved for CPU
+        # beside the engine core), so neither client saw token timing in those rounds.
+        print(f"  rounds where the server sent whole outputs at once (TPOT p50 < {BURST_TPOT_S * 1000:g} ms): "
+              + ", ".join(f"{name} {count} of {len(rounds[name])}" for name, count in bursts.items())
+              + " — their TTFT/TPOT do not measure streaming")
     cpu = statistics.median(figures["client_cpu_s_per_request"] for figures in rounds["d0"])
     print(f"  d0 client CPU time per request: {cpu * 1000:.2f} ms")
     return 0

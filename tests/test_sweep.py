@@ -12,7 +12,8 @@ import numpy
 import pytest
 import torch
 
-from workers.engine.sweep import SweepFailed, run_sweep, sweep_stage
+from workers.engine.parameters import ParameterError, validate
+from workers.engine.sweep import PARAMETERS, SweepFailed, run_sweep, sweep_stage
 from workers.engine.sweep import backends
 from workers.engine.sweep.backends import BACKENDS, TransformersContinuousBatching, TrialParams
 from workers.engine.sweep.metrics import RequestRecord, percentile, summarize
@@ -231,11 +232,13 @@ def test_it_rejects_an_unknown_grid_key_or_empty_values():
         configurations({"batch_size": []})
 
 
-def test_vllm_and_sglang_backends_say_why_they_cannot_run_yet():
+def test_a_real_engine_as_the_proxy_backend_is_refused_pointing_to_serve_sweep():
     for name in ("vllm", "sglang"):
-        backend = BACKENDS[name]
-        assert not backend.available() and "not implemented yet" in backend.unavailable_reason()
-    assert BACKENDS["transformers"].available()
+        with pytest.raises(ParameterError, match=f"serve_sweep stage on a node started with --engine {name}=PYTHON"):
+            validate("sweep", PARAMETERS, {"backend": name})
+    with pytest.raises(ParameterError, match="one of transformers"):
+        validate("sweep", PARAMETERS, {"backend": "tgi"})
+    assert list(BACKENDS) == ["transformers"] and BACKENDS["transformers"].available()
     assert "CPU kernels only" in dynamic_int8_unsupported(torch.device("cuda"))
 
 

@@ -18,7 +18,7 @@ import gc
 import torch
 
 from ..parameters import Parameter, device_string, validate
-from .backends import BACKENDS, Trial, TrialParams
+from .backends import BACKENDS, REAL_ENGINES, Trial, TrialParams
 from .evaluation import evaluate
 from .metrics import DEFINITIONS
 from .roofline import hardware_figures
@@ -47,6 +47,14 @@ def _hardware(hardware: dict) -> None:
         raise ValueError("figures must be positive numbers (bytes/s, FLOP/s by precision)")
 
 
+def _backend(name: str) -> None:
+    if name in REAL_ENGINES:
+        raise ValueError(f"{name} is a real serving engine: run the serve_sweep stage on a node started with "
+                         f"--engine {name}=PYTHON (the proxy sweep serves the reduced model on transformers)")
+    if name not in BACKENDS:
+        raise ValueError(f"one of {', '.join(BACKENDS)}, not {name!r}")
+
+
 PARAMETERS = (
     Parameter("config", "object", "the model's config.json (the job's model)", set_by="control"),
     Parameter("grid", "object", "lists of values to try: precision (fp32, bf16, fp16, int8), batch_size, page_size, "
@@ -61,7 +69,8 @@ PARAMETERS = (
     Parameter("device", "str", "device to serve on, e.g. cuda:0 (default: the node's first accelerator, else cpu)",
               nullable=True, check=device_string),
     Parameter("reduce", "bool", "serve the reduced model of the architecture (false: the full model)", default=True),
-    Parameter("backend", "choice", "serving backend", default="transformers", choices=tuple(BACKENDS)),
+    Parameter("backend", "str", "the proxy's serving backend: transformers' continuous batching (real engines such "
+              "as vLLM are the serve_sweep stage)", default="transformers", check=_backend),
 )
 
 

@@ -2,14 +2,14 @@
 
 A backend has a ``name``, says whether it can run here (``available()``, and ``unavailable_reason()`` when not),
 and ``run(trial) -> TrialResult``: the per-request timestamps plus memory figures. Metrics and the roofline are
-computed from those by the sweep, the same way for every backend, so a vLLM or SGLang backend added later is
-compared on equal terms. One backend is real today: transformers' continuous batching over a paged KV cache.
+computed from those by the sweep, the same way for every backend. The proxy sweep has one: transformers'
+continuous batching over a paged KV cache, serving the reduced model in d0's own process. Real engines (vLLM,
+SGLang) are external programs driven by the ``serve_sweep`` stage (``workers.engine.serving``), not backends here.
 """
 
 from __future__ import annotations
 
 import gc
-import importlib.util
 import math
 import time
 from abc import ABC, abstractmethod
@@ -100,41 +100,6 @@ class BenchmarkBackend(ABC):
 
     def describe(self) -> dict:
         return {"name": self.name, "available": self.available(), "unavailable_reason": self.unavailable_reason()}
-
-
-class PlannedBackend(BenchmarkBackend):
-    """A serving engine d0 will drive when it is importable on a node. Not implemented yet: unavailable everywhere,
-    with the engine arguments each trial parameter would map to."""
-
-    module: str
-    engine_arguments: str
-
-    def __init__(self, config: dict, *, device: torch.device, reduce: bool = True, seed: int = 0):
-        self.device = device
-
-    @classmethod
-    def unavailable_reason(cls) -> str:
-        here = "importable" if importlib.util.find_spec(cls.module) else "not importable"
-        return (f"the proxy sweep's {cls.name} backend is not implemented yet ({cls.module} is {here} in d0's own "
-                f"environment): d0 serves on a real {cls.name} with the serve_sweep stage, on a node started with "
-                f"--engine {cls.name}=PYTHON; this backend would run each trial as {cls.engine_arguments}")
-
-    def run(self, trial: Trial) -> TrialResult:
-        raise NotImplementedError(self.unavailable_reason())
-
-
-class VllmBackend(PlannedBackend):
-    name = "vllm"
-    module = "vllm"
-    engine_arguments = ("vllm.LLM(dtype=precision, block_size=page_size, max_num_seqs=batch_size, "
-                        "max_num_batched_tokens=max_batch_tokens) with timestamps from its RequestOutput metrics")
-
-
-class SglangBackend(PlannedBackend):
-    name = "sglang"
-    module = "sglang"
-    engine_arguments = ("sglang.Engine(dtype=precision, page_size=page_size, max_running_requests=batch_size, "
-                        "chunked_prefill_size=max_batch_tokens) with streamed per-token times")
 
 
 class PeakMemory:
@@ -418,6 +383,7 @@ def _decode_wave(model, wave: list[Request], device: torch.device, deadline: flo
 
 BACKENDS: dict[str, type[BenchmarkBackend]] = {
     "transformers": TransformersContinuousBatching,
-    "vllm": VllmBackend,
-    "sglang": SglangBackend,
 }
+# Real serving engines are external programs on the node, served and benchmarked by the serve_sweep stage
+# (``workers.engine.serving``); the proxy sweep only ever serves the reduced model in d0's own process.
+REAL_ENGINES = ("vllm", "sglang")

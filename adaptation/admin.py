@@ -1,7 +1,7 @@
 from django.contrib import admin
 
 from .models import (AdaptationJob, Cluster, ControlWorker, Device, EnvReport, JoinToken, Link, Membership, ModelPlan,
-                     ModelSpec, Node, RejectedNodeMessage, StageRun, Team)
+                     ModelSpec, Node, RejectedNodeMessage, ServingEndpoint, StageRun, Team)
 
 
 class MembershipInline(admin.TabularInline):
@@ -164,3 +164,17 @@ class RejectedNodeMessageAdmin(RecordedByTheControlPlane):
 class ControlWorkerAdmin(RecordedByTheControlPlane):
     list_display = ["name", "last_seen"]
     readonly_fields = ["name", "last_seen"]
+
+
+@admin.register(ServingEndpoint)
+class ServingEndpointAdmin(admin.ModelAdmin):
+    """The API key is neither shown nor editable here: it is entered on the endpoints page or through the API."""
+
+    list_display = ["name", "team", "base_url", "served_model", "has_api_key", "created"]
+    list_filter = ["team"]
+    search_fields = ["name", "base_url", "served_model"]
+    fields = ["team", "name", "base_url", "served_model", "created_by"]
+
+    @admin.display(boolean=True)
+    def has_api_key(self, endpoint):
+        return endpoint.has_api_key

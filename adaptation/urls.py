@@ -7,6 +7,7 @@ from .coverage import pages as coverage
 from .intake import pages as intake
 from .jobs import pages as jobs
 from .sharding import pages as sharding
+from .serving import endpoint_pages as endpoints
 from .serving import pages as serving
 from .sweeps import pages as sweeps
 from .teams import pages as teams
@@ -43,6 +44,11 @@ urlpatterns = [
     path("engines/<int:pk>/", serving.report_page, name="engine-report"),
     path("engines/<int:pk>/report.json", serving.report_json, name="engine-report-json"),
     path("engines/<int:pk>/recipe.sh", serving.recipe, name="engine-recipe"),
+    path("endpoints/", endpoints.endpoint_list, name="endpoint-list"),
+    path("endpoints/<int:pk>/bench/", endpoints.endpoint_bench, name="endpoint-bench"),
+    path("endpoints/<int:pk>/delete/", endpoints.endpoint_delete, name="endpoint-delete"),
+    path("endpoints/reports/<int:pk>/", endpoints.report_page, name="endpoint-report"),
+    path("endpoints/reports/<int:pk>/report.json", endpoints.report_json, name="endpoint-report-json"),
     path("coverage/", coverage.coverage_overview, name="coverage"),
     path("coverage/diff/", coverage.coverage_diff, name="coverage-diff"),
     path("models/<int:pk>/coverage/", coverage.model_coverage, name="model-coverage"),

@@ -4,8 +4,8 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from adaptation.models import (Cluster, CoverageReport, EnvReport, Link, ModelPlan, OperatorRecord, StageRun,
-                               VirtualBackend)
+from adaptation.models import (Cluster, CoverageReport, EnvReport, Link, ModelPlan, OperatorRecord,
+                               ServingEndpoint, StageRun, VirtualBackend)
 
 
 @pytest.fixture
@@ -27,10 +27,18 @@ def rows(job, link):
     virtual = VirtualBackend.objects.create(team=job.team, name="vendorx", operators=["aten::mm"])
     sweep = StageRun.objects.create(job=job, kind="sweep", node=run.node, node_name=run.node_name, status="succeeded",
                                     result={"trials": [], "search": {}, "roofline": {}})
+    endpoint = ServingEndpoint(team=job.team, name="prod", base_url="http://gpu-node-3:8000", served_model="m")
+    endpoint.set_api_key("sk-secret")
+    endpoint.save()
+    endpoint_report = StageRun.objects.create(
+        job=job, kind="endpoint_bench", node=run.node, node_name=run.node_name, status="succeeded",
+        result={"endpoint": {"base_url": endpoint.base_url, "served_model": "m", "api_key": "set"}, "trials": [],
+                "workload": {}, "best": None, "seconds": 1.0})
     return {
         "cluster": job.cluster.pk, "node": run.node.pk, "device": run.node.devices.get().pk, "link": link.pk,
         "model": job.model.pk, "job": job.pk, "stage_run": run.pk, "env_report": report.pk, "plan": plan.pk,
         "coverage": coverage.pk, "operator": operator.pk, "virtual": virtual.pk, "sweep": sweep.pk,
+        "endpoint": endpoint.pk, "endpoint_report": endpoint_report.pk,
     }
 
 
@@ -50,16 +58,19 @@ API_DETAIL = [
     ("/api/virtual-backends/{virtual}/", "virtual"),
     ("/api/sweep-reports/{sweep}/", "sweep"),
     ("/api/sweep-reports/{sweep}/csv/", "sweep"),
+    ("/api/serving-endpoints/{endpoint}/", "endpoint"),
+    ("/api/endpoint-reports/{endpoint_report}/", "endpoint_report"),
 ]
 API_LISTS = ["/api/clusters/", "/api/nodes/", "/api/devices/", "/api/links/", "/api/models/", "/api/jobs/",
              "/api/stage-runs/", "/api/env-reports/",
              "/api/model-plans/", "/api/coverage-reports/", "/api/operators/", "/api/virtual-backends/",
-             "/api/sweep-reports/"]
+             "/api/sweep-reports/", "/api/serving-endpoints/", "/api/endpoint-reports/"]
 PAGES_DETAIL = ["/clusters/{cluster}/", "/clusters/{cluster}/topology/", "/models/{model}/", "/jobs/{job}/",
                 "/jobs/{job}/progress/", "/models/{model}/coverage/", "/models/{model}/sharded-runs/",
-                "/sweeps/{sweep}/", "/sweeps/{sweep}/report.html", "/sweeps/{sweep}/trials.csv"]
+                "/sweeps/{sweep}/", "/sweeps/{sweep}/report.html", "/sweeps/{sweep}/trials.csv",
+                "/endpoints/reports/{endpoint_report}/", "/endpoints/reports/{endpoint_report}/report.json"]
 PAGES = ["/", "/clusters/", "/models/", "/models/new/", "/models/catalog/", "/jobs/", "/jobs/new/", "/account/token/",
-         "/coverage/", "/coverage/diff/", "/sweeps/compare/", "/api/docs/",
+         "/coverage/", "/coverage/diff/", "/sweeps/compare/", "/endpoints/", "/api/docs/",
          "/api/schema/"]
 
 

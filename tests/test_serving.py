@@ -169,3 +169,86 @@ def test_unexpected_tensors_are_named_and_mtp_layers_only_reported(tmp_path, lla
     edit_tensors(folder, lambda tensors: {k: v for k, v in tensors.items() if "vision" not in k})
     report = check_checkpoint(folder)
     assert report["extra_layer_tensors"] == 1 and "multi-token-prediction" in report["extra_layer_note"]
+
+
+def test_smart_engine_search_halves_on_short_runs_skips_what_is_larger_than_an_oom_and_picks_a_full_run(
+        monkeypatch):
+    """Successive halving over engine configurations: the engine is the true edge here, so ``run_trials`` (one
+    engine start) is replaced by a model of one: throughput grows with max_num_seqs, 200 GiB of KV cache is refused."""
+    import importlib
+
+    from workers.engine.sweep.workload import Workload
+
+    module = importlib.import_module("workers.engine.serving.serve_sweep")  # the package exports the function
+
+    starts = []
+
+    def fake_run_trials(session, settings, clients, workload, timeout, first_id, progress):
+        filled = session.settings(settings)
+        starts.append((filled, workload.requests))
+        if filled.get("kv_cache_space_gib", 0) >= 200:
+            return [{"id": first_id, "settings": filled, "client": clients[0], "status": "failed",
+                     "cause": "out of memory", "reason": "less than requested memory", "metrics": None,
+                     "workload": {"requests": workload.requests}}]
+        rate = 100.0 * filled["max_num_seqs"] * clients[0].get("concurrency", 1)
+        return [{"id": first_id, "settings": filled, "client": clients[0], "status": "ok", "reason": None,
+                 "metrics": {"output_tokens_per_s": rate, "goodput_requests_per_s": None},
+                 "workload": {"requests": workload.requests}}]
+
+    class FakeSession:
+        def settings(self, settings):
+            return {"kv_cache_space_gib": 1, **settings}
+
+    monkeypatch.setattr(module, "run_trials", fake_run_trials)
+    groups = [({"max_num_seqs": seqs}, [{"concurrency": 1}]) for seqs in (1, 2, 4)] + [
+        ({"max_num_seqs": 1, "kv_cache_space_gib": gib}, [{"concurrency": 1}]) for gib in (200, 400)] + [
+        ({"max_num_seqs": 4}, [{"concurrency": 2}])]
+    workload = Workload.from_dict({"requests": 27, "prompt_len": 8, "output_len": 8})
+    progress = []
+    trials, search = module.run_search(FakeSession(), groups, workload,
+                                       {"search": "smart", "startup_timeout_s": 60},
+                                       lambda fraction, message: progress.append((fraction, message)))
+    assert search["strategy"] == "smart" and search["configurations"] == 6
+    skipped = [trial for trial in trials if trial["status"] == "skipped"]
+    assert [trial["settings"]["kv_cache_space_gib"] for trial in skipped] == [400]
+    assert "which ran out of memory" in skipped[0]["reason"]
+    # rung 0: five starts on a short workload (the 400 GiB one never starts); rung 1: the best of ceil(4/3) = 2
+    assert [requests for _, requests in starts[:5]] == [9, 9, 9, 9, 9] and len(starts) == 7
+    assert [requests for _, requests in starts[5:]] == [27, 27]
+    best = module.best_trial(trials, workload)
+    assert best["settings"]["max_num_seqs"] == 4 and best["client"] == {"concurrency": 2}
+    assert best["workload"]["requests"] == 27 and best["rung"] == 1
+    assert all(0.05 <= fraction <= 0.85 for fraction, _ in progress)
+    # A short run's figure never becomes the recipe, even when it was the fastest
+    trials[0]["metrics"]["output_tokens_per_s"] = 1e9
+    assert module.best_trial(trials, workload)["id"] == best["id"]
+
+
+def test_the_recipe_prediction_is_the_roofline_of_the_served_checkpoint_and_flags_an_impossible_efficiency(
+        llama_folder):
+    from workers.engine.serving.prediction import prediction
+    from workers.engine.sweep.roofline import model_cost
+    from workers.engine.models.loading import build_meta_model, load_config as transformers_config
+
+    lengths = [(32, 16)] * 8
+    best = {"settings": {"max_num_seqs": 4}, "workload": {"concurrency": 4},
+            "metrics": {"duration_s": 2.0, "output_tokens_per_s": 64.0}}
+    assert not prediction(llama_folder, best, lengths, None)["available"]
+    assert "run an env check" in prediction(llama_folder, best, lengths, {"flops_per_s": {"fp32": 1e12}})["reason"]
+    hardware = {"memory_bandwidth_bytes_per_s": 20e9, "flops_per_s": {"bf16": 200e9}}
+    predicted = prediction(llama_folder, best, lengths, hardware)
+    assert predicted["available"] and predicted["precision"] == "bf16" and predicted["batched_tokens_assumed"]
+    # The same cost model the proxy sweep uses, of the checkpoint's own architecture at 2 bytes an element
+    config = json.loads((llama_folder / "config.json").read_text())
+    cost = model_cost(build_meta_model(transformers_config(config)), lambda module, parameter: 2, 2)
+    assert predicted["model"]["active_parameters"] == cost.active_parameters > 0
+    decode = predicted["phases"]["decode"]
+    assert decode["steps"] == 8 * 15 // 4  # 15 decode tokens per request after the prefill's first, 4 at a time
+    assert predicted["efficiency"] == pytest.approx(predicted["predicted_seconds"] / 2.0)
+    assert predicted["efficiency"] < 1 and predicted["note"] is None
+    faster = prediction(llama_folder, {**best, "metrics": {"duration_s": predicted["predicted_seconds"] / 3,
+                                                           "output_tokens_per_s": 1e6}}, lengths, hardware)
+    assert faster["efficiency"] is None and faster["ceiling_ratio"] == pytest.approx(3.0)
+    assert "faster than the predicted ceiling" in faster["note"]
+    fp8 = prediction(llama_folder, {**best, "settings": {"kv_cache_dtype": "fp8"}}, lengths, hardware)
+    assert not fp8["available"] and "quantized" in fp8["reason"]

@@ -158,11 +158,17 @@ def test_serve_sweep_job_serves_every_trial_on_vllm_and_writes_a_recipe(stack, t
     recipe = result["recipe"]
     assert recipe["engine"] == "vllm" and recipe["version"] == "0.32.0"
     assert "vllm.entrypoints.openai.api_server" in recipe["command"] and "--max-num-seqs" in recipe["command"]
+    # The env check ran first, so the recipe carries the roofline ceiling it is compared with
+    predicted = recipe["prediction"]
+    assert predicted["available"], predicted
+    assert predicted["predicted_output_tokens_per_s"] > 0 and predicted["precision"] == "bf16"
+    assert (predicted["efficiency"] is None) == (predicted["note"] is not None)
     assert result["tensors"]["tensors"] == result["tensors"]["expected"]
     client = Client()
     client.force_login(member)
     page = client.get(f"/engines/{run.pk}/").content.decode()
     assert "Deployment recipe" in page and "vllm 0.32.0" in page and "validation checkpoint" in page
+    assert "Roofline ceiling for this workload" in page
     script = client.get(f"/engines/{run.pk}/recipe.sh").content.decode()
     assert script.startswith("#!/bin/sh") and "${MODEL:?" in script
     assert member_api.get(f"/api/engine-reports/{run.pk}/").json()["result"]["recipe"] == recipe
@@ -190,3 +196,64 @@ def test_cancelling_a_serve_sweep_mid_trial_leaves_no_engine_behind(stack, team,
     assert member_api.post(f"/api/jobs/{job_id}/cancel/").status_code == 200
     wait_for(job_status(job_id, "cancelled"), 30, "the job to be cancelled")
     wait_for(lambda: not engine_processes(), 60, "the engine's processes to end")
+
+
+@pytest.mark.workers
+@pytest.mark.timeout(15 * 60)
+@pytest.mark.django_db(transaction=True)
+def test_an_endpoint_someone_else_runs_is_benchmarked_with_its_stored_key(stack, team, owner, member_api,
+                                                                        vllm_python, tmp_path):
+    """The "someone else": a vLLM server started here with --api-key. A stored endpoint with the right key is
+    benchmarked at each concurrency by a node of another cluster; the wrong key fails the job with the 401; the key
+    is in no row."""
+    import json
+
+    from django.core import serializers
+
+    from adaptation.models import AdaptationJob, ModelSpec, ServingEndpoint, StageRun
+    from workers.engine.serving.launchers import VllmLauncher
+    from workers.engine.serving.server import EngineServer, free_port
+
+    secret = "sk-d0-endpoint-test-5f2c"
+    checkpoint = tmp_path / "checkpoint"
+    write_validation_checkpoint(load_config("llama-3.1-8b.json"), checkpoint)
+    port = free_port()
+    launch = VllmLauncher.launch(vllm_python, checkpoint, {"gpu_memory_utilization": 0.1, "kv_cache_space_gib": 1,
+                                                           "max_model_len": 512, "max_num_seqs": 4},
+                                 port=port, cpu_build=True)
+    # The team's model is what the endpoint serves (prompts are drawn from its vocabulary).
+    spec = ModelSpec.objects.create(team=team, name="served", created_by=owner,
+                                    config=json.loads((checkpoint / "config.json").read_text()))
+    cluster = team.clusters.create(name="clients", expected_devices_per_node=1)
+    stack.start_node("alpha/clients", "client-node")
+    wait_for(node_online("client-node"), 60, "node registration")
+    with EngineServer([*launch.command, "--api-key", secret], env=launch.env, port=port,
+                      log_path=tmp_path / "engine.log") as server:
+        server.wait_healthy(900)
+        jobs = {}
+        for name, key in (("theirs", secret), ("wrong-key", "sk-wrong")):
+            created = member_api.post("/api/serving-endpoints/", {"name": name, "base_url": server.base_url,
+                                                                  "served_model": "d0", "api_key": key},
+                                      format="json")
+            assert created.status_code == 201, created.json()
+            response = member_api.post("/api/jobs/", {
+                "cluster": cluster.pk, "model": spec.pk, "stages": ["endpoint_bench"],
+                "parameters": {"endpoint_bench": {"endpoint": created.json()["id"], "concurrency": [1, 2],
+                                                  "workload": SMALL}}}, format="json")
+            assert response.status_code == 201, response.json()
+            jobs[name] = response.json()["id"]
+        good = wait_for(job_status(jobs["theirs"], "succeeded", "failed"), 5 * 60, "the endpoint benchmark")
+        bad = wait_for(job_status(jobs["wrong-key"], "succeeded", "failed"), 5 * 60, "the wrong key's benchmark")
+    assert good.status == "succeeded", good.error + good.log
+    result = good.stage_runs.get().result
+    assert [trial["client"]["concurrency"] for trial in result["trials"]] == [1, 2]
+    for trial in result["trials"]:
+        assert trial["status"] == "ok" and trial["metrics"]["completed"] == SMALL["requests"]
+        assert trial["metrics"]["tpot_s"]["p50"] > 0 and trial["metrics"]["output_tokens_per_s"] > 0
+    assert result["endpoint"] == {"base_url": server.base_url, "served_model": "d0", "api_key": "set"}
+    assert bad.status == "failed" and "HTTP 401" in bad.error, bad.error
+    report = member_api.get(f"/api/endpoint-reports/{good.stage_runs.get().pk}/")
+    assert report.status_code == 200 and report.json()["result"]["best"]["client"]["concurrency"] in (1, 2)
+    rows = serializers.serialize("json", [*ServingEndpoint.objects.all(), *AdaptationJob.objects.all(),
+                                          *StageRun.objects.all()])
+    assert secret not in rows and secret not in stack.logs()

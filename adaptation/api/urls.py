@@ -30,6 +30,8 @@ router.register("operators", coverage.OperatorRecordViewSet)
 router.register("virtual-backends", coverage.VirtualBackendViewSet)
 router.register("sweep-reports", sweeps.SweepReportViewSet, basename="sweep-report")
 router.register("engine-reports", serving.EngineReportViewSet, basename="engine-report")
+router.register("endpoint-reports", serving.EndpointReportViewSet, basename="endpoint-report")
+router.register("serving-endpoints", serving.ServingEndpointViewSet)
 
 urlpatterns = [
     path("status/", StatusView.as_view(), name="api-status"),

@@ -220,6 +220,9 @@ def stage_parameters(job: AdaptationJob, kind: str) -> dict:
     if kind == "op_coverage" and "virtual_backends" in params:
         # Ids of the team's virtual backends become the operator lists the node judges against.
         params["virtual_backend_lists"] = coverage.operator_lists(job.team, params.pop("virtual_backends"))
+    if kind == "endpoint_bench":
+        # The stored endpoint's address and (decrypted) key go only into the dispatched message, never the job row.
+        params.update(serving.endpoint_parameters(job.team, params.get("endpoint")))
     return params
 
 
@@ -238,6 +241,8 @@ def stage_assignments(job: AdaptationJob, kind: str, nodes: list[Node]) -> list[
             if not serving_nodes:
                 raise ValueError(f"no eligible node offers a usable {engine} engine (start a node worker with "
                                  f"--engine {engine}=/path/to/its/python)")
+            if "hardware" not in params:
+                params["hardware"] = sweeps.measured_hardware(serving_nodes[0])
             return [(serving_nodes[0], params)]
         return [(nodes[0], params)]
     if placement != "group":

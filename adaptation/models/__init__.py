@@ -4,6 +4,7 @@ from .health import ControlWorker
 from .jobs import AdaptationJob, StageRun
 from .plans import ModelPlan
 from .reports import EnvReport
+from .serving import ServingEndpoint
 from .specs import ModelSpec
 from .teams import Membership, Team
 
@@ -22,6 +23,7 @@ __all__ = [
     "Node",
     "OperatorRecord",
     "RejectedNodeMessage",
+    "ServingEndpoint",
     "StageRun",
     "Team",
     "VirtualBackend",

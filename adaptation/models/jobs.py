@@ -141,6 +141,15 @@ class AdaptationJob(StatusTransitions):
             missing = [backend for backend in ids if backend not in known]
             if missing:
                 raise ParameterError("op_coverage.virtual_backends", f"no virtual backend {missing[0]} in this team")
+        if "endpoint_bench" in (self.stages or []) and self.team_id:
+            from .serving import ServingEndpoint
+
+            endpoint = (self.parameters.get("endpoint_bench") or {}).get("endpoint")
+            if endpoint is None:
+                raise ParameterError("endpoint_bench.endpoint", "required: the id of one of the team's serving "
+                                                                "endpoints (/endpoints/)")
+            if not ServingEndpoint.objects.filter(team_id=self.team_id, pk=endpoint).exists():
+                raise ParameterError("endpoint_bench.endpoint", f"no serving endpoint {endpoint} in this team")
         for kind in self.stages:
             for name in path_parameters(kind):
                 path = (self.parameters.get(kind) or {}).get(name)

@@ -1,29 +1,100 @@
-"""Engine reports: ``/api/engine-reports/`` (the serve_sweep stages' results) with a ``recipe`` download."""
+"""Engine reports: ``/api/engine-reports/`` (the serve_sweep stages' results) with a ``recipe`` download; serving
+endpoints someone else runs (``/api/serving-endpoints/``, the API key write-only) and their benchmarks
+(``/api/endpoint-reports/``)."""
 
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins
+from rest_framework import mixins, serializers
 from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
 
-from ..api.base import TeamScopedViewSet
+from ..api.base import TeamField, TeamScopedViewSet, ValidatedModelSerializer
 from ..jobs.api import StageRunListSerializer, StageRunSerializer
-from ..models import StageRun
+from ..models import ServingEndpoint, StageRun
 from ..sweeps.pages import download
-from .services import ENGINE_REPORT_KIND, recipe_script
+from ..teams.services import is_team_admin
+from .services import ENDPOINT_REPORT_KIND, ENGINE_REPORT_KIND, recipe_script
 
 
-class EngineReportViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
-    """Engine reports: a real engine serving the model on a node, its trials, correctness and recipe. The detail is
-    the JSON; ``recipe`` downloads the best configuration as a shell script."""
-
-    queryset = StageRun.objects.filter(kind=ENGINE_REPORT_KIND, status="succeeded")
+class _ReportViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
     ordering = ["-id"]
     filterset_fields = ["job"]
 
     def get_serializer_class(self):
         return StageRunListSerializer if self.action == "list" else StageRunSerializer
 
+
+class EngineReportViewSet(_ReportViewSet):
+    """Engine reports: a real engine serving the model on a node, its trials, correctness and recipe. The detail is
+    the JSON; ``recipe`` downloads the best configuration as a shell script."""
+
+    queryset = StageRun.objects.filter(kind=ENGINE_REPORT_KIND, status="succeeded")
+
     @extend_schema(responses={(200, "text/x-shellscript"): str})
     @action(detail=True, methods=["get"])
     def recipe(self, request, pk=None):
         run = self.get_object()
         return download(recipe_script(run.result), "text/x-shellscript", f"d0-recipe-{run.pk}.sh")
+
+
+class EndpointReportViewSet(_ReportViewSet):
+    """Benchmarks of serving endpoints someone else runs: d0's load client at each concurrency asked for."""
+
+    queryset = StageRun.objects.filter(kind=ENDPOINT_REPORT_KIND, status="succeeded")
+
+
+class ServingEndpointSerializer(ValidatedModelSerializer):
+    team = TeamField()
+    api_key = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=2000,
+                                    help_text="Sent as a bearer token; stored encrypted, never returned.")
+    has_api_key = serializers.BooleanField(read_only=True)
+
+    class Meta:
+        model = ServingEndpoint
+        fields = ["id", "team", "name", "base_url", "served_model", "api_key", "has_api_key", "created"]
+        validators = []
+
+    def validate(self, attrs):
+        key = attrs.pop("api_key", None)
+        attrs = super().validate(attrs)
+        if key is not None:
+            attrs["api_key"] = key
+        return attrs
+
+    def _save_with_key(self, instance, key):
+        if key is not None:
+            instance.set_api_key(key)
+            instance.save(update_fields=["api_key_encrypted"])
+        return instance
+
+    def create(self, validated_data):
+        key = validated_data.pop("api_key", None)
+        return self._save_with_key(super().create(validated_data), key)
+
+    def update(self, instance, validated_data):
+        key = validated_data.pop("api_key", None)
+        return self._save_with_key(super().update(instance, validated_data), key)
+
+
+class ServingEndpointViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                             mixins.UpdateModelMixin, mixins.DestroyModelMixin, TeamScopedViewSet):
+    """OpenAI-compatible endpoints the team runs elsewhere; benchmark one with a job of stage ``endpoint_bench``
+    and parameters ``{"endpoint_bench": {"endpoint": id, "concurrency": [1, 4]}}``."""
+
+    queryset = ServingEndpoint.objects.all()
+    serializer_class = ServingEndpointSerializer
+    ordering = ["name"]
+
+    def perform_create(self, serializer):
+        serializer.save(created_by=self.request.user)
+
+    def _check_owner(self, instance):
+        if instance.created_by_id != self.request.user.pk and not is_team_admin(self.request.user, instance.team):
+            raise PermissionDenied("Only the endpoint's creator or a team admin can change or delete it.")
+
+    def perform_update(self, serializer):
+        self._check_owner(serializer.instance)
+        serializer.save()
+
+    def perform_destroy(self, instance):
+        self._check_owner(instance)
+        instance.delete()

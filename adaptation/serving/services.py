@@ -6,9 +6,10 @@ from __future__ import annotations
 import shlex
 
 from ..choices import NodeStatus
-from ..models import Cluster, StageRun
+from ..models import Cluster, ServingEndpoint, StageRun
 
 ENGINE_REPORT_KIND = "serve_sweep"
+ENDPOINT_REPORT_KIND = "endpoint_bench"
 # The whole adaptation's engine sweep: four engine starts (max-num-seqs x block size), a short closed-loop
 # workload; teams give their own grid and SLOs through the job form or the API.
 ADAPTATION_SERVE_SWEEP = {"grid": {"max_num_seqs": [2, 4], "block_size": [32, 64]},
@@ -28,6 +29,15 @@ def cluster_serves(cluster: Cluster, name: str = "vllm") -> bool:
                for node in cluster.nodes.filter(status=NodeStatus.ONLINE))
 
 
+def endpoint_parameters(team, endpoint_id) -> dict:
+    """What the control plane adds to an ``endpoint_bench`` stage: the team's endpoint's URL, model and API key.
+    A ValueError (the endpoint was deleted, its key unreadable) fails the job with the reason."""
+    endpoint = ServingEndpoint.objects.filter(team=team, pk=endpoint_id).first()
+    if endpoint is None:
+        raise ValueError(f"no serving endpoint {endpoint_id} in this team (deleted since the job was submitted?)")
+    return {"base_url": endpoint.base_url, "served_model": endpoint.served_model, "api_key": endpoint.api_key()}
+
+
 def recipe_script(result: dict) -> str:
     """The recipe as a shell script: the engine's exact command and environment, with the checkpoint folder given
     by $MODEL when d0 served a validation checkpoint of its own (its folder lived only for the stage)."""
@@ -41,6 +51,10 @@ def recipe_script(result: dict) -> str:
              f"# measured: {recipe['measured'].get('output_tokens_per_s') or 0:.1f} output tokens/s, "
              f"engine start {recipe.get('startup_s') or 0:.0f} s (trial {recipe['trial']})",
              f"# weights: {weights.get('kind', '?')}"]
+    predicted = recipe.get("prediction") or {}
+    if predicted.get("available"):
+        lines.append(f"# roofline ceiling: {predicted['predicted_output_tokens_per_s']:.1f} output tokens/s "
+                     f"({predicted['precision']}, {predicted['bound']}, from the node's env check)")
     if weights.get("kind") != "checkpoint" and "--model" in command:
         quoted[command.index("--model") + 1] = '"${MODEL:?the checkpoint folder}"'
         lines.append("# d0 served a validation checkpoint (reduced, random weights): set MODEL to your checkpoint")
@@ -58,6 +72,14 @@ def _rows(result: dict) -> list[dict]:
                                                          for key, value in trial.get("settings", {}).items()),
                      "client_text": ", ".join(f"{key}={value}" for key, value in (trial.get("client") or {}).items())})
     return rows
+
+
+def endpoint_report_context(run: StageRun) -> dict:
+    result = run.result
+    endpoint = result.get("endpoint") or {}
+    return {"run": run, "result": result, "endpoint": endpoint, "best": result.get("best"), "trials": _rows(result),
+            "title": f"{endpoint.get('served_model', 'endpoint')} at {endpoint.get('base_url', '?')} "
+                     f"(model {run.job.model}, client on {run.node_name}, job {run.job_id})"}
 
 
 def report_context(run: StageRun) -> dict:

@@ -17,11 +17,12 @@ from .coverage import cli as coverage_verb
 from .envcheck import cli as envcheck_verbs
 from .progress import StderrProgress
 from .serving import cli as serve_verb
+from .serving import endpoint_cli as endpoint_verb
 from .sharding import cli as shard_verb
 from .sweep import cli as sweep_verb
 
 VERBS = {**envcheck_verbs.VERBS, "analyze": analyze_verb, "coverage": coverage_verb, "shard": shard_verb,
-         "sweep": sweep_verb, "serve": serve_verb}
+         "sweep": sweep_verb, "serve": serve_verb, "bench-endpoint": endpoint_verb}
 
 
 def _print(result: dict, as_json: bool, verb) -> None:

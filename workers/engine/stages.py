@@ -43,6 +43,9 @@ STAGES: dict[str, StageSpec] = {
     "sweep": StageSpec(sweep.sweep_stage, gated=True, needs_model=True, placement="one", parameters=sweep.PARAMETERS),
     "serve_sweep": StageSpec(serving.serve_sweep, gated=True, needs_model=True, placement="one",
                              parameters=serving.PARAMETERS),
+    # Only a client runs (the endpoint is someone else's server), so the node needs no fresh env check.
+    "endpoint_bench": StageSpec(serving.endpoint_bench, gated=False, needs_model=True, placement="one",
+                                parameters=serving.ENDPOINT_PARAMETERS),
 }
 STAGE_KINDS = tuple(STAGES)
 # Job-wide, beside the per-stage objects: which of the cluster's nodes may run the job's stages.

@@ -15,21 +15,24 @@ from pathlib import Path
 from ..models import build_random_model, load_config, reduce_config
 
 
-def write_validation_checkpoint(config: dict, folder: Path, *, seed: int = 0) -> dict:
-    """Write the checkpoint into ``folder``; returns what it is (architecture, layers, vocabulary, notes)."""
+def write_validation_checkpoint(config: dict, folder: Path, *, seed: int = 0, reduce: bool = True) -> dict:
+    """Write the checkpoint into ``folder``; returns what it is (architecture, layers, vocabulary, notes).
+    ``reduce=False`` writes the config as given (a benchmark's model of a chosen size)."""
     import torch
 
-    reduction = reduce_config(config, keep_latent_ranks=True)
-    model = build_random_model(load_config(reduction.config), dtype=torch.bfloat16, device=torch.device("cpu"),
-                               seed=seed)
+    reduction = reduce_config(config, keep_latent_ranks=True) if reduce else None
+    model = build_random_model(load_config(reduction.config if reduction else config), dtype=torch.bfloat16,
+                               device=torch.device("cpu"), seed=seed)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     vocab_size = model.config.get_text_config().vocab_size
     _write_tokenizer(folder, vocab_size)
     description = {"architecture": type(model).__name__, "model_type": model.config.model_type,
-                   "layers": reduction.layers, "full_layers": reduction.full_layers, "vocab_size": vocab_size,
+                   "layers": reduction.layers if reduction else model.config.get_text_config().num_hidden_layers,
+                   "full_layers": reduction.full_layers if reduction else None, "vocab_size": vocab_size,
                    "parameters": sum(parameter.numel() for parameter in model.parameters()),
-                   "weights": f"seeded random (seed {seed}), bfloat16", "notes": reduction.notes}
+                   "weights": f"seeded random (seed {seed}), bfloat16",
+                   "notes": reduction.notes if reduction else ["not reduced: the config as given"]}
     (folder / "d0-validation-checkpoint.json").write_text(json.dumps(description, indent=2))
     return description
 

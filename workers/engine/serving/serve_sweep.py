@@ -2,8 +2,12 @@
 benchmarked with d0's load client, checked for correctness, and the best configuration written as a recipe.
 
 Each combination of the grid's engine settings is one engine start (its own process group, ``server``); a grid's
-``concurrency`` values are client-side, so they reuse that start. A configuration that cannot start (out of memory,
-unsupported, timed out) is a trial that failed with the cause read from the engine's log, and the sweep goes on.
+``concurrency`` values are client-side, so they reuse that start. ``search: "smart"`` runs successive halving
+instead (``sweep.search``): every configuration (engine settings and concurrency, an engine start each) serves a
+short workload first and only the best third go on, and a configuration at least as large as one that ran out of
+memory is skipped. It saves serving time, not engine starts, so it pays where trials are long next to a start.
+A configuration that cannot start (out of memory, unsupported, timed out) is a trial that failed with the cause
+read from the engine's log, and the sweep goes on.
 The weights are a node-local checkpoint (``weights_path``, under the node's data roots), its safetensors headers
 checked against the config before any engine starts (``tensors``), or a validation checkpoint d0 writes
 (``checkpoint``). The stage fails when no trial served its whole workload.
@@ -16,16 +20,20 @@ import json
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..parameters import Parameter, validate
+from ..sweep import check_hardware
 from ..sweep.metrics import DEFINITIONS, summarize
+from ..sweep.search import SEARCHES, Space
 from ..sweep.workload import Workload
 from .checkpoint import write_validation_checkpoint
 from .client import Endpoint, run_requests
 from .correctness import check_correctness
 from .engines import KNOWN, configured_engines
 from .launchers import LAUNCHERS, SETTINGS, check_settings
+from .prediction import prediction
 from .server import EngineFailed, EngineServer, free_port, stop_servers_on_sigterm
 from .tensors import CheckpointRefused, check_checkpoint
 
@@ -72,8 +80,12 @@ PARAMETERS = (
               "(and concurrency), instead of or after the grid's", default=[], max_items=MAX_CONFIGURATIONS,
               item=Parameter("configuration", "object", "engine settings of one configuration",
                              check=lambda value: _grid({key: [item] for key, item in value.items()}))),
+    Parameter("search", "choice", "every configuration (grid), or successive halving (smart: short runs first, the "
+              "best third go on; each configuration its own engine start)", default="grid", choices=tuple(SEARCHES)),
     Parameter("workload", "object", "requests, prompt_len, output_len, arrival (closed or poisson), rate, "
               "concurrency, warmup_requests, slo, timeout_s (per trial)", default={}, check=Workload.from_dict),
+    Parameter("hardware", "object", "memory_bandwidth_bytes_per_s and flops_per_s by precision for the recipe's "
+              "roofline prediction (default: the node's latest env check)", nullable=True, check=check_hardware),
     Parameter("startup_timeout_s", "float", "seconds an engine may take to become healthy", default=900.0,
               minimum=10, maximum=7200),
     Parameter("correctness", "bool", "compare the best configuration's greedy tokens with the engine at TP=1 and "
@@ -95,6 +107,44 @@ def engine_configurations(settings: dict, grid: dict) -> list[tuple[dict, list[d
                for values in itertools.product(*(grid[key] for key in client_keys))] or [{}]
     return [({**settings, **dict(zip(engine_keys, values, strict=True))}, clients)
             for values in itertools.product(*(grid[key] for key in engine_keys))]
+
+
+@dataclass(frozen=True)
+class EngineConfiguration:
+    """One engine start's settings and the client settings it is served with (a smart search's unit)."""
+
+    settings: dict
+    client: dict
+
+
+# Settings that, when larger (and everything else equal), need at least as much memory: more sequences, tokens or
+# length per step, a larger KV cache, more requests in flight. gpu_memory_utilization is not among them: too low a
+# share leaves the KV cache no room, which raising it cures.
+GROWS_MEMORY = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_space_gib", "concurrency")
+
+
+def engine_space(fill) -> Space:
+    """The search's view of engine configurations; ``fill`` adds the defaults a start uses (as trials store)."""
+
+    def at_least_as_large(config: EngineConfiguration, trial: dict) -> bool:
+        ours, theirs = {**fill(config.settings), **config.client}, {**trial["settings"], **trial["client"]}
+        for key in ours.keys() | theirs.keys():
+            if key in GROWS_MEMORY and key in ours and key in theirs:
+                if ours[key] < theirs[key]:
+                    return False
+            elif ours.get(key) != theirs.get(key):
+                return False
+        return True
+
+    return Space(label=lambda config: ", ".join(f"{k}={v}" for k, v in {**config.settings, **config.client}.items())
+                 or "the engine's defaults",
+                 as_dict=lambda config: {"settings": config.settings, "client": config.client},
+                 batch_size=lambda config: config.settings.get("max_num_seqs", 1),
+                 out_of_memory=lambda trial: trial.get("cause") == "out of memory",
+                 at_least_as_large=at_least_as_large,
+                 skipped=lambda config, reason: {"settings": fill(config.settings), "client": config.client,
+                                                 "status": "skipped", "reason": reason, "metrics": None,
+                                                 "workload": None})
 
 
 class _PeakRss(threading.Thread):
@@ -209,7 +259,9 @@ def run_trials(session: Session, settings: dict, clients: list[dict], workload: 
         done = len(trials)
         trials += [{"id": first_id + done + index, **shown, "client": client, "status": "failed",
                     "cause": error.cause, "reason": error.reason, "startup_s": server.healthy_after_s,
-                    "metrics": None, "log_tail": _log_tail(server)} for index, client in enumerate(clients[done:])]
+                    "metrics": None, "log_tail": _log_tail(server),
+                    "workload": {"requests": workload.requests, "arrival": workload.arrival}}
+                   for index, client in enumerate(clients[done:])]
     finally:
         server.stop()
     return trials
@@ -221,10 +273,12 @@ def _vocab_size(checkpoint: Path) -> int:
     return int(text.get("vocab_size") or config["vocab_size"])
 
 
-def best_trial(trials: list[dict], slo: dict) -> dict | None:
-    """The highest goodput under the SLOs (then output tokens/s) among trials that served everything; without SLOs
-    the highest output tokens/s."""
-    served = [trial for trial in trials if trial["status"] == "ok"]
+def best_trial(trials: list[dict], workload: Workload) -> dict | None:
+    """The highest goodput under the SLOs (then output tokens/s) among trials that served the whole workload (a
+    smart search's short runs do not count); without SLOs the highest output tokens/s."""
+    slo = workload.slo
+    served = [trial for trial in trials
+              if trial["status"] == "ok" and trial["workload"]["requests"] == workload.requests]
     if slo:
         return max(served, key=lambda trial: (trial["metrics"]["goodput_requests_per_s"],
                                               trial["metrics"]["output_tokens_per_s"]), default=None)
@@ -239,6 +293,34 @@ def recipe(best: dict, described: dict, weights: dict) -> dict:
                 "output_tokens_per_s", "requests_per_s", "goodput_requests_per_s", "ttft_s", "tpot_s", "itl_s",
                 "e2e_latency_s", "peak_memory_bytes")},
             "startup_s": best["startup_s"], "trial": best["id"]}
+
+
+def run_search(session: Session, groups: list[tuple[dict, list[dict]]], workload: Workload, params: dict,
+               progress) -> tuple[list[dict], dict]:
+    """The trials of every configuration (grid: one engine start per group, its client settings reusing it), or of
+    successive halving over them; and the search's outcome (strategy, trials run, requests served, seconds)."""
+    timeout = params["startup_timeout_s"]
+    if params["search"] == "smart":
+        configs = [EngineConfiguration(settings, client) for settings, clients in groups for client in clients]
+
+        def run_trial(config: EngineConfiguration, trial_workload: Workload) -> dict:
+            return run_trials(session, config.settings, [config.client], trial_workload, timeout, 0,
+                              lambda message: None)[0]
+
+        outcome = SEARCHES["smart"](configs, workload, run_trial,
+                                    lambda fraction, message: progress(0.05 + 0.8 * fraction, message),
+                                    space=engine_space(session.settings))
+        return outcome.pop("trials"), outcome
+    started = time.perf_counter()
+    trials: list[dict] = []
+    for index, (settings, clients) in enumerate(groups):
+        def step(message, index=index):
+            progress(0.05 + 0.8 * index / len(groups), f"configuration {index + 1} of {len(groups)}: {message}")
+
+        trials += run_trials(session, settings, clients, workload, timeout, len(trials), step)
+    return trials, {"strategy": "grid", "configurations": len(trials), "trials_run": len(trials),
+                    "requests_served": sum(trial["workload"]["requests"] for trial in trials),
+                    "seconds": time.perf_counter() - started}
 
 
 def serve_sweep(params: dict, progress) -> dict:
@@ -280,17 +362,18 @@ def serve_sweep(params: dict, progress) -> dict:
             client = {key: given[key] for key in CLIENT_KEYS if key in given}
             groups.append(({**params["settings"], **{k: v for k, v in given.items() if k not in CLIENT_KEYS}},
                            [client]))
-        trials: list[dict] = []
-        for index, (settings, clients) in enumerate(groups):
-            def step(message, index=index):
-                progress(0.05 + 0.8 * index / len(groups), f"configuration {index + 1} of {len(groups)}: {message}")
-
-            trials += run_trials(session, settings, clients, workload, params["startup_timeout_s"], len(trials),
-                                 step)
-        best = best_trial(trials, workload.slo)
+        trials, search = run_search(session, groups, workload, params, progress)
+        best = best_trial(trials, workload)
         if best is None:
             causes = sorted({f"{trial.get('cause', trial['status'])}: {trial['reason']}"[:300] for trial in trials})
             raise ServeSweepFailed(f"no configuration of {len(trials)} served its workload: " + "; ".join(causes))
+        try:
+            client_workload = Workload.from_dict({**workload.as_dict(), **best["client"]})
+            lengths = [(len(request.prompt_ids), request.output_tokens)
+                       for request in client_workload.measured_requests(_vocab_size(checkpoint))]
+            predicted = prediction(checkpoint, best, lengths, params.get("hardware"))
+        except Exception as error:  # the prediction is beside the measurement; its failure is said, not fatal
+            predicted = {"available": False, "reason": f"the cost model failed: {type(error).__name__}: {error}"}
         correctness = None
         if params["correctness"]:
             progress(0.87, "checking correctness: greedy tokens of the engine and of transformers")
@@ -303,6 +386,6 @@ def serve_sweep(params: dict, progress) -> dict:
             "settings": params["settings"], "trials": trials,
             "best": {"id": best["id"], "settings": best["settings"], "client": best["client"],
                      "metrics": best["metrics"]},
-            "recipe": recipe(best, described, weights),
-            "correctness": correctness, "engine_starts": session.starts,
+            "recipe": {**recipe(best, described, weights), "prediction": predicted},
+            "correctness": correctness, "engine_starts": session.starts, "search": search,
             "seconds": time.perf_counter() - started, "metric_definitions": DEFINITIONS}

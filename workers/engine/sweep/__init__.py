@@ -34,7 +34,7 @@ def _grid(grid: dict) -> None:
         raise ValueError(f"the grid has {count} configurations; at most {MAX_CONFIGURATIONS}")
 
 
-def _hardware(hardware: dict) -> None:
+def check_hardware(hardware: dict) -> None:
     unknown = set(hardware) - {"memory_bandwidth_bytes_per_s", "flops_per_s"}
     if unknown:
         raise ValueError(f"takes memory_bandwidth_bytes_per_s and flops_per_s, not {', '.join(sorted(unknown))}")
@@ -65,7 +65,7 @@ PARAMETERS = (
     Parameter("search", "choice", "every configuration, or successive halving", default="grid",
               choices=tuple(SEARCHES)),
     Parameter("hardware", "object", "memory_bandwidth_bytes_per_s and flops_per_s by precision for the roofline "
-              "(default: the node's latest env check)", nullable=True, check=_hardware),
+              "(default: the node's latest env check)", nullable=True, check=check_hardware),
     Parameter("device", "str", "device to serve on, e.g. cuda:0 (default: the node's first accelerator, else cpu)",
               nullable=True, check=device_string),
     Parameter("reduce", "bool", "serve the reduced model of the architecture (false: the full model)", default=True),

@@ -7,6 +7,9 @@ stopped early. Each rung costs about the same, so with N configurations the sear
 workloads instead of N. It also never runs a configuration at least as large as one that ran out of memory: the
 same precision with a batch size, page size and max batch tokens all at least as large needs at least as much memory
 (the paged cache holds batch_size x (sequence + page) tokens, activations grow with max_batch_tokens).
+
+Both searches run over any kind of configuration described by a ``Space``: the proxy sweep's ``TrialParams``
+(``PROXY``) and a real engine's settings (``serving.serve_sweep``'s ``ENGINE_SPACE``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import itertools
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from .backends import TrialParams
 from .workload import Workload
@@ -24,8 +29,22 @@ GRID_DEFAULTS = {"precision": ["fp32"], "batch_size": [1, 2, 4], "page_size": [1
 OBJECTIVE = "output_tokens_per_s"
 ETA = 3
 
-RunTrial = Callable[[TrialParams, Workload], dict]
+RunTrial = Callable[[Any, Workload], dict]
 Progress = Callable[[float, str], None]
+
+
+@dataclass(frozen=True)
+class Space:
+    """What the search needs to know of a kind of configuration (the proxy's ``TrialParams``, an engine's
+    settings): a label for progress, the stored form, the batch a short run must still fill, whether a trial ran
+    out of memory, and whether a configuration is at least as large as one that did (so it would too)."""
+
+    label: Callable[[Any], str]
+    as_dict: Callable[[Any], dict]
+    batch_size: Callable[[Any], int]
+    out_of_memory: Callable[[dict], bool]
+    at_least_as_large: Callable[[Any, dict], bool]
+    skipped: Callable[[Any, str], dict]
 
 
 def configurations(grid: dict | None) -> list[TrialParams]:
@@ -62,14 +81,16 @@ def best_trial(trials: list[dict], workload: Workload) -> dict | None:
     return max(finished, key=throughput, default=None)
 
 
-def oom_blocker(params: TrialParams, out_of_memory: list[dict]) -> dict | None:
-    """A trial that ran out of memory with a configuration no larger than ``params`` in every dimension."""
-    for trial in out_of_memory:
-        other = trial["params"]
-        if (other["precision"] == params.precision and params.batch_size >= other["batch_size"]
-                and params.page_size >= other["page_size"] and params.max_batch_tokens >= other["max_batch_tokens"]):
-            return trial
-    return None
+def _proxy_at_least_as_large(params: TrialParams, trial: dict) -> bool:
+    other = trial["params"]
+    return (other["precision"] == params.precision and params.batch_size >= other["batch_size"]
+            and params.page_size >= other["page_size"] and params.max_batch_tokens >= other["max_batch_tokens"])
+
+
+PROXY = Space(label=label, as_dict=TrialParams.as_dict, batch_size=lambda params: params.batch_size,
+              out_of_memory=lambda trial: trial["status"] == "oom", at_least_as_large=_proxy_at_least_as_large,
+              skipped=lambda params, reason: {"params": params.as_dict(), "workload": None, "status": "skipped",
+                                              "reason": reason, "metrics": None, "roofline": None, "details": {}})
 
 
 class _Log:
@@ -86,29 +107,30 @@ class _Log:
         self.trials.append(trial)
         return trial
 
-    def run(self, run_trial: RunTrial, params: TrialParams, workload: Workload, rung: int) -> dict:
+    def run(self, run_trial: RunTrial, config, workload: Workload, rung: int, space: Space) -> dict:
         done = sum(trial["status"] != "skipped" for trial in self.trials)
         self.progress(min(done / self.planned, 0.99),
-                      f"trial {done + 1}: {label(params)}, {workload.requests} requests")
-        return self.add(run_trial(params, workload), rung)
+                      f"trial {done + 1}: {space.label(config)}, {workload.requests} requests")
+        return self.add(run_trial(config, workload), rung)
 
     def outcome(self, strategy: str, **extra) -> dict:
         ran = [trial for trial in self.trials if trial["status"] != "skipped"]
         # Trials of a smart search serve shorter workloads, so their count alone overstates its cost.
         return {"strategy": strategy, "trials": self.trials, "trials_run": len(ran),
-                "requests_served": sum(trial["workload"]["requests"] for trial in ran),
+                "requests_served": sum((trial.get("workload") or {}).get("requests", 0) for trial in ran),
                 "seconds": time.perf_counter() - self.started, **extra}
 
 
-def grid_search(configs: list[TrialParams], workload: Workload, run_trial: RunTrial, progress: Progress) -> dict:
+def grid_search(configs: list, workload: Workload, run_trial: RunTrial, progress: Progress,
+                space: Space = PROXY) -> dict:
     log = _Log(len(configs), progress)
-    for params in configs:
-        log.run(run_trial, params, workload, rung=0)
+    for config in configs:
+        log.run(run_trial, config, workload, 0, space)
     return log.outcome("grid", configurations=len(configs))
 
 
-def successive_halving(configs: list[TrialParams], workload: Workload, run_trial: RunTrial, progress: Progress,
-                       eta: int = ETA) -> dict:
+def successive_halving(configs: list, workload: Workload, run_trial: RunTrial, progress: Progress,
+                       eta: int = ETA, space: Space = PROXY) -> dict:
     last_rung = int(math.log(len(configs), eta) + 1e-9) if len(configs) > 1 else 0
     sizes = [len(configs)]
     for _ in range(last_rung):
@@ -118,27 +140,28 @@ def successive_halving(configs: list[TrialParams], workload: Workload, run_trial
     for rung in range(last_rung + 1):
         fraction = eta ** (rung - last_rung)
         ran = []
-        for params in survivors:
-            if blocker := oom_blocker(params, out_of_memory):
-                log.add({"params": params.as_dict(), "workload": None, "status": "skipped",
-                         "reason": f"at least as large as trial {blocker['id']}, which ran out of memory",
-                         "metrics": None, "roofline": None, "details": {}}, rung)
+        for config in survivors:
+            blocker = next((trial for trial in out_of_memory if space.at_least_as_large(config, trial)), None)
+            if blocker:
+                log.add(space.skipped(config, f"at least as large as trial {blocker['id']}, which ran out of "
+                                              "memory"), rung)
                 continue
             # A short run still fills the batch once, or it would judge a large batch by a batch it never fills.
-            short = workload.scaled(fraction, min_requests=workload.in_flight_limit(params.batch_size)
-                                    or params.batch_size)
-            trial = log.run(run_trial, params, short, rung)
-            ran.append(trial)
-            if trial["status"] == "oom":
+            batch = space.batch_size(config)
+            short = workload.scaled(fraction, min_requests=workload.in_flight_limit(batch) or batch)
+            trial = log.run(run_trial, config, short, rung, space)
+            ran.append((trial, config))
+            if space.out_of_memory(trial):
                 out_of_memory.append(trial)
-        ranked = sorted((trial for trial in ran if trial["status"] == "ok"), key=throughput, reverse=True)
+        ranked = sorted(((trial, config) for trial, config in ran if trial["status"] == "ok"),
+                        key=lambda pair: throughput(pair[0]), reverse=True)
         rungs.append({"rung": rung, "workload_fraction": fraction, "configurations": len(survivors),
                       "ran": len(ran), "kept": None})
         if rung == last_rung or not ranked:
             break
         kept = ranked[:max(1, math.ceil(len(ranked) / eta))]
         rungs[-1]["kept"] = len(kept)
-        survivors = [TrialParams(**trial["params"]) for trial in kept]
+        survivors = [config for _, config in kept]
     return log.outcome("smart", configurations=len(configs), eta=eta, rungs=rungs)
 
 

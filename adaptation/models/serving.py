@@ -1,0 +1,54 @@
+"""Serving endpoints someone else runs: a team's OpenAI-compatible deployment d0 benchmarks with its load client
+(the ``endpoint_bench`` stage). The API key is stored encrypted and never shown again: forms and the API take it,
+nothing returns it; the control plane decrypts it only to put it in the dispatched stage's parameters."""
+
+from django.conf import settings
+from django.db import models
+
+from .teams import Team, TeamOwnedQuerySet
+
+
+class ServingEndpoint(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="serving_endpoints")
+    name = models.SlugField(max_length=63)
+    # Not a URLField: its validator refuses single-label hosts (gpu-node-3, a Kubernetes service), common here.
+    base_url = models.CharField(max_length=500, help_text="The server's base URL, without /v1: http://host:8000")
+    served_model = models.CharField(max_length=200, help_text="The model name the endpoint serves (its --served-"
+                                                              "model-name, or the path it was started with).")
+    api_key_encrypted = models.TextField(blank=True, editable=False)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created = models.DateTimeField(auto_now_add=True)
+
+    objects = TeamOwnedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="serving_endpoint_name_unique_in_team")]
+
+    def __str__(self):
+        return self.name
+
+    def clean(self):
+        from django.core.exceptions import ValidationError
+
+        from workers.engine.serving.endpoint_bench import check_base_url
+
+        try:
+            check_base_url(self.base_url or "")
+        except ValueError as error:
+            raise ValidationError({"base_url": str(error)}) from None
+
+    @property
+    def has_api_key(self) -> bool:
+        return bool(self.api_key_encrypted)
+
+    def set_api_key(self, key: str | None) -> None:
+        from ..serving.secrets import encrypt
+
+        self.api_key_encrypted = encrypt(key) if key else ""
+
+    def api_key(self) -> str | None:
+        from ..serving.secrets import decrypt
+
+        return decrypt(self.api_key_encrypted) if self.api_key_encrypted else None

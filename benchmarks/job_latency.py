@@ -1,4 +1,5 @@
-"""Submit-to-succeeded latency of an env_probe job: the zero-setup filesystem broker against Redis.
+"""Submit-to-succeeded latency of an env_probe job: the zero-setup broker (the embedded Valkey server on a unix
+socket under var/) against a Redis server over TCP.
 
 Runs `manage.py up` twice in fresh var/ folders (SQLite both times, so only the broker differs), submits jobs
 one after another over HTTP and prints the latency percentiles and their ratio to the Redis run.
@@ -70,7 +71,7 @@ def main() -> None:
     baseline = summary(measure(args.redis, args.jobs))
     zero_setup = summary(measure(None, args.jobs))
     print(f"{'broker':<12}{'p50 s':>8}{'p90 s':>8}{'mean s':>8}{'p50 vs redis':>14}")
-    for name, figures in (("redis", baseline), ("filesystem", zero_setup)):
+    for name, figures in (("redis", baseline), ("embedded", zero_setup)):
         print(f"{name:<12}{figures['p50']:>8.3f}{figures['p90']:>8.3f}{figures['mean']:>8.3f}"
               f"{figures['p50'] / baseline['p50']:>13.2f}x")
 

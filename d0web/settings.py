@@ -1,6 +1,7 @@
 """d0 settings: one module, driven by environment variables, that works with none set.
 
-With no variables: SQLite under ``var/`` and a filesystem message broker under ``var/broker`` (no servers).
+With no variables: SQLite under ``var/`` and, as the broker, the embedded Valkey server ``manage.py up`` starts on a
+unix socket under ``var/`` (``embedded_broker``: the same Redis protocol production uses, no service to install).
 ``DATABASE_URL`` switches to PostgreSQL, ``REDIS_URL`` (or ``D0_BROKER_URL``) to Redis.
 """
 
@@ -10,7 +11,9 @@ import secrets
 from datetime import timedelta
 from pathlib import Path
 
-from workers.protocol import SWEEP_NODES, broker_settings, control_queue
+from workers.protocol import SWEEP_NODES, control_queue
+
+from . import embedded_broker
 
 from .env import database_from_url, env_bool, env_float, env_int, env_list, env_str, sqlite_database
 
@@ -216,8 +219,10 @@ SPECTACULAR_SETTINGS = {
 }
 
 # Celery (read by d0web/celery.py with the CELERY_ namespace).
-D0_BROKER_URL = env_str("D0_BROKER_URL") or env_str("REDIS_URL") or f"filesystem://{VAR_DIR / 'broker'}"
-CELERY_BROKER_URL, CELERY_BROKER_TRANSPORT_OPTIONS = broker_settings(D0_BROKER_URL)
+D0_BROKER_URL = env_str("D0_BROKER_URL") or env_str("REDIS_URL") or embedded_broker.broker_url(VAR_DIR)
+# Whether this process's broker is the one `manage.py up` starts (then `up` runs the server).
+D0_EMBEDDED_BROKER = D0_BROKER_URL == embedded_broker.broker_url(VAR_DIR)
+CELERY_BROKER_URL = D0_BROKER_URL
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = control_queue()
 CELERY_TASK_IGNORE_RESULT = True

@@ -71,6 +71,12 @@ def join_token(cluster_ref: str) -> str:
     return create_join_token(Cluster.objects.get(team__slug=team, name=name), None, hours=1)[1]
 
 
+def _secret_key() -> str:
+    from django.conf import settings
+
+    return settings.SECRET_KEY
+
+
 class WorkerStack(Processes):
     """A control-plane worker (with beat) and node workers, sharing the test process's database and broker."""
 
@@ -88,6 +94,9 @@ class WorkerStack(Processes):
             "D0_BROKER_URL": broker_url,
             "D0_CONTROL_QUEUE": self.control_queue,
             "D0_VAR_DIR": str(log_dir),
+            # The web tier (this process) and the control plane share one SECRET_KEY, as a deployment's must: the
+            # control worker decrypts what the web tier stored (an endpoint's API key).
+            "D0_SECRET_KEY": _secret_key(),
             **{key: str(value) for key, value in settings.items()},
         }
 

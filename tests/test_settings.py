@@ -1,6 +1,7 @@
 """Settings from the environment: strict parsing, and a production configuration that passes check --deploy."""
 
 import os
+import stat
 import subprocess
 import sys
 
@@ -8,7 +9,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from d0web.env import database_from_url, env_bool
-from workers.protocol import broker_settings, node_queue
+from workers.protocol import node_queue
 
 
 @pytest.mark.parametrize("raw, expected", [("1", True), ("yes", True), ("False", False), ("off", False)])
@@ -31,12 +32,28 @@ def test_database_urls_map_to_django_settings():
         database_from_url("mysql://x/y")
 
 
-def test_the_filesystem_broker_keeps_its_folders_under_the_given_path(tmp_path):
-    url, options = broker_settings(f"filesystem://{tmp_path}/broker")
-    assert url == "filesystem://"
-    assert options["data_folder_in"] == options["data_folder_out"] == str(tmp_path / "broker" / "messages")
-    assert (tmp_path / "broker" / "control").is_dir()
-    assert broker_settings("redis://h:6379/0") == ("redis://h:6379/0", {})
+def test_the_zero_setup_broker_is_the_embedded_valkey_on_a_socket_only_its_user_reaches(tmp_path):
+    from d0web import embedded_broker
+
+    assert embedded_broker.broker_url(tmp_path) == f"redis+socket://{tmp_path}/valkey.sock"
+    server = embedded_broker.start(tmp_path)
+    try:
+        assert embedded_broker.answers(tmp_path)
+        assert stat.S_IMODE(os.stat(tmp_path / "valkey.sock").st_mode) == 0o700
+        with pytest.raises(RuntimeError, match="already answers"):
+            embedded_broker.start(tmp_path)
+        # The transport Celery uses, over the socket: a message put is a message got
+        from kombu import Connection
+
+        with Connection(embedded_broker.broker_url(tmp_path)) as connection:
+            queue = connection.SimpleQueue("d0-test")
+            queue.put({"job": 1})
+            assert queue.get(timeout=5).payload == {"job": 1}
+            queue.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    assert (tmp_path / "valkey" / "appendonlydir").is_dir()  # messages kept across restarts of `up`
 
 
 def test_node_queues_are_named_from_cluster_and_host():

@@ -48,6 +48,9 @@ def test_the_report_page_shows_every_chart_and_trial(client_for, sweep_run, swee
     assert trials_table.count("<tr><td>") == len(sweep_result["trials"])
     assert "<td>sweep</td>" in page  # the job's stages, with their status
     assert "Roofline inputs: memory bandwidth" in page
+    model = sweep_result["model"]
+    assert "A proxy, not the deployment" in page
+    assert f"({model['layers']} of {model['full_layers']} layers, hidden size {model['hidden_size']})" in page
 
 
 def test_the_html_download_is_self_contained(client_for, sweep_run):

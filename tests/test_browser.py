@@ -89,3 +89,25 @@ def test_the_topology_page_draws_its_graph_and_charts(live_server, cluster, memb
     assert page.locator("#device-table tbody tr").count() == 1
     if os.environ.get("D0_SCREENSHOTS"):
         page.screenshot(path=os.path.join(os.environ["D0_SCREENSHOTS"], "topology.png"), full_page=True)
+
+
+def test_the_job_page_lists_pending_stages_and_says_when_the_connection_is_lost(live_server, cluster, member,
+                                                                                model_spec, page):
+    """A queued job (no worker takes it) lists every stage as pending; when the progress endpoint stops answering
+    (refused like a server that went away) the page says so after three failed polls, and clears once it answers."""
+    job = AdaptationJob.objects.create(team=cluster.team, cluster=cluster, model=model_spec, submitted_by=member,
+                                       stages=["env_check", "sweep"])
+    page.goto(f"{live_server.url}/login/")
+    page.fill("#id_username", "bob")
+    page.fill("#id_password", "a-long-test-password")
+    page.click("button[type=submit]")
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    rows = page.locator("#stage-rows tr.pending")
+    assert rows.count() == 2 and "env_check" in rows.first.inner_text() and "pending" in rows.first.inner_text()
+    assert page.locator("#job-connection").is_hidden()
+    page.route("**/progress/", lambda route: route.abort("connectionrefused"))
+    banner = page.locator("#job-connection")
+    banner.filter(has_text="Connection lost").wait_for(timeout=30_000)
+    assert "the server has not answered since" in banner.inner_text()
+    page.unroute("**/progress/")
+    banner.wait_for(state="hidden", timeout=15_000)

@@ -97,10 +97,24 @@ def job_progress_payload(job: AdaptationJob) -> dict:
         "log": job.log,
         "stage_runs": [
             {"id": run.pk, "kind": run.kind, "node": run.node_name, "status": run.status,
-             "progress": run.progress, "message": run.message, "error": run.error, "page": stage_page(job, run)}
+             "progress": run.progress, "message": run.message, "error": run.error, "page": stage_page(job, run),
+             "started": _iso(run.started), "finished": _iso(run.finished), "elapsed_s": run.duration_seconds}
             for run in runs
         ],
+        # The job's stages no node has started yet (dispatched one after another), so the page lists what is left.
+        "pending_stages": pending_stages(job, runs),
     }
+
+
+def _iso(moment) -> str | None:
+    return moment.isoformat() if moment else None
+
+
+def pending_stages(job: AdaptationJob, runs) -> list[str]:
+    if job.is_terminal:
+        return []
+    dispatched = {run.kind for run in runs}
+    return [kind for kind in job.stages if kind not in dispatched]
 
 
 @login_required

@@ -1,10 +1,25 @@
 // Live job progress: polls the job's small JSON endpoint, every second while the tab is visible and every
-// 10 s while hidden, and stops once the job reaches a terminal state.
+// 10 s while hidden, and stops once the job reaches a terminal state. After FAILURES_SHOWN failed polls in a row
+// it says the connection is lost (since when), so a page never shows a stale "Running" as if it were live.
 (function () {
   "use strict";
+  var FAILURES_SHOWN = 3;
   var section = document.getElementById("job");
   var url = section.dataset.progressUrl;
   var timer = null;
+  var failures = 0;
+  var lastAnswer = new Date();
+
+  function clock(iso) {
+    return iso ? new Date(iso).toLocaleTimeString() : "—";
+  }
+
+  function elapsed(seconds) {
+    if (seconds === null || seconds === undefined) { return "—"; }
+    if (seconds < 60) { return seconds.toFixed(1) + " s"; }
+    var minutes = Math.floor(seconds / 60);
+    return minutes + " min " + Math.round(seconds - 60 * minutes) + " s";
+  }
 
   function cell(row, text) {
     var td = document.createElement("td");
@@ -43,7 +58,22 @@
       bar.max = 1;
       bar.value = run.progress;
       cell(row, "").appendChild(bar);
+      cell(row, clock(run.started));
+      cell(row, clock(run.finished));
+      cell(row, elapsed(run.elapsed_s));
       cell(row, run.error || run.message);
+      rows.appendChild(row);
+    });
+    (job.pending_stages || []).forEach(function (kind) {
+      var row = document.createElement("tr");
+      row.className = "pending";
+      cell(row, kind);
+      cell(row, "—");
+      var badge = document.createElement("span");
+      badge.className = "status status-pending";
+      badge.textContent = "pending";
+      cell(row, "").appendChild(badge);
+      ["", "—", "—", "—", "waits for the stages before it"].forEach(function (text) { cell(row, text); });
       rows.appendChild(row);
     });
     var cancel = document.getElementById("cancel-form");
@@ -62,8 +92,23 @@
         if (!response.ok) { throw new Error("HTTP " + response.status); }
         return response.json();
       })
-      .then(function (job) { render(job); schedule(job); })
-      .catch(function () { timer = window.setTimeout(poll, 5000); });
+      .then(function (job) { connected(); render(job); schedule(job); })
+      .catch(function () { lost(); timer = window.setTimeout(poll, 5000); });
+  }
+
+  function connected() {
+    failures = 0;
+    lastAnswer = new Date();
+    document.getElementById("job-connection").hidden = true;
+  }
+
+  function lost() {
+    failures += 1;
+    if (failures < FAILURES_SHOWN) { return; }
+    var banner = document.getElementById("job-connection");
+    banner.textContent = "Connection lost: the server has not answered since " + lastAnswer.toLocaleTimeString() +
+      " (" + failures + " tries); what this page shows may be out of date. Retrying every 5 s.";
+    banner.hidden = false;
   }
 
   document.addEventListener("visibilitychange", function () {

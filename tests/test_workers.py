@@ -76,3 +76,27 @@ def test_an_env_check_job_measures_the_node_through_real_workers(stack, cluster,
     # The cluster expects 8 devices per node; this machine offers its CPU only.
     assert report["verdict"] == "fail"
     assert job.env_reports.get().node.devices.get(kind="cpu").measured["copy_bandwidth_bytes_per_s"] > 0
+
+
+def test_cancel_retry_cancel_leaves_the_node_taking_new_work(stack, cluster, member_api):
+    """Issue 14's stuck node: two jobs cancelled while their stage ran on the node's only slot; the next job must
+    still run there."""
+    from adaptation.models import StageRun
+
+    stack.start_node("alpha/h100-pod", "worker-slot")
+    wait_for(node_online("worker-slot"), 60, "node registration")
+
+    def running_on_the_node(job_id):
+        return lambda: StageRun.objects.filter(job_id=job_id, status="running").first()
+
+    response = member_api.post("/api/jobs/", {"cluster": cluster.pk, "stages": ["env_check"]}, format="json")
+    job_id = response.json()["id"]
+    for attempt in range(2):
+        wait_for(running_on_the_node(job_id), 60, f"stage {attempt + 1} to start on the node")
+        assert member_api.post(f"/api/jobs/{job_id}/cancel/").json()["status"] == "cancelled"
+        if attempt == 0:
+            job_id = member_api.post(f"/api/jobs/{job_id}/retry/").json()["id"]
+    response = member_api.post("/api/jobs/", {"cluster": cluster.pk, "stages": ["env_probe"]}, format="json")
+    job = wait_for(job_status(response.json()["id"], "succeeded", "failed"), 90, "the next job on the same node")
+    assert job.status == "succeeded", job.error + job.log
+    assert job.stage_runs.get().node_name == "worker-slot"

@@ -65,3 +65,29 @@ class ValidatedModelSerializer(serializers.ModelSerializer):
         if team is None:
             raise serializers.ValidationError({"team": ["You belong to several teams (or none): say which one."]})
         return team
+
+
+class CreatorOrTeamAdminMixin:
+    """Rows a member creates for the team (virtual backends, serving endpoints): ``created_by`` is the requester,
+    and only the creator or a team admin changes or deletes one."""
+
+    owner_word = "row"
+
+    def perform_create(self, serializer):
+        serializer.save(created_by=self.request.user)
+
+    def check_owner(self, instance):
+        from rest_framework.exceptions import PermissionDenied
+
+        from ..teams.services import is_team_admin
+
+        if instance.created_by_id != self.request.user.pk and not is_team_admin(self.request.user, instance.team):
+            raise PermissionDenied(f"Only the {self.owner_word}'s creator or a team admin can change or delete it.")
+
+    def perform_update(self, serializer):
+        self.check_owner(serializer.instance)
+        serializer.save()
+
+    def perform_destroy(self, instance):
+        self.check_owner(instance)
+        instance.delete()

@@ -3,13 +3,12 @@
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ..api.base import TeamField, TeamScopedViewSet, ValidatedModelSerializer
+from ..api.base import CreatorOrTeamAdminMixin, TeamField, TeamScopedViewSet, ValidatedModelSerializer
 from ..models import CoverageReport, ModelSpec, OperatorRecord, VirtualBackend
-from ..teams.services import is_team_admin
 from . import services
 
 
@@ -72,21 +71,14 @@ class OperatorRecordViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Te
     ordering = ["backend", "operator"]
 
 
-class VirtualBackendViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
-                            mixins.DestroyModelMixin, TeamScopedViewSet):
+class VirtualBackendViewSet(CreatorOrTeamAdminMixin, mixins.CreateModelMixin, mixins.ListModelMixin,
+                            mixins.RetrieveModelMixin, mixins.DestroyModelMixin, TeamScopedViewSet):
     """Backends described by operator lists; name them in an op_coverage job's ``virtual_backends``."""
 
     queryset = VirtualBackend.objects.all()
     serializer_class = VirtualBackendSerializer
     ordering = ["name"]
-
-    def perform_create(self, serializer):
-        serializer.save(created_by=self.request.user)
-
-    def perform_destroy(self, instance):
-        if instance.created_by_id != self.request.user.pk and not is_team_admin(self.request.user, instance.team):
-            raise PermissionDenied("Only the backend's uploader or a team admin can delete it.")
-        instance.delete()
+    owner_word = "backend"
 
 
 class CoverageDiffView(APIView):

@@ -5,13 +5,11 @@ endpoints someone else runs (``/api/serving-endpoints/``, the API key write-only
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied
 
-from ..api.base import TeamField, TeamScopedViewSet, ValidatedModelSerializer
+from ..api.base import CreatorOrTeamAdminMixin, TeamField, TeamScopedViewSet, ValidatedModelSerializer
 from ..jobs.api import StageRunListSerializer, StageRunSerializer
 from ..models import ServingEndpoint, StageRun
 from ..sweeps.pages import download
-from ..teams.services import is_team_admin
 from .services import ENDPOINT_REPORT_KIND, ENGINE_REPORT_KIND, recipe_script
 
 
@@ -75,26 +73,13 @@ class ServingEndpointSerializer(ValidatedModelSerializer):
         return self._save_with_key(super().update(instance, validated_data), key)
 
 
-class ServingEndpointViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
-                             mixins.UpdateModelMixin, mixins.DestroyModelMixin, TeamScopedViewSet):
+class ServingEndpointViewSet(CreatorOrTeamAdminMixin, mixins.CreateModelMixin, mixins.ListModelMixin,
+                             mixins.RetrieveModelMixin, mixins.UpdateModelMixin, mixins.DestroyModelMixin,
+                             TeamScopedViewSet):
     """OpenAI-compatible endpoints the team runs elsewhere; benchmark one with a job of stage ``endpoint_bench``
     and parameters ``{"endpoint_bench": {"endpoint": id, "concurrency": [1, 4]}}``."""
 
     queryset = ServingEndpoint.objects.all()
     serializer_class = ServingEndpointSerializer
     ordering = ["name"]
-
-    def perform_create(self, serializer):
-        serializer.save(created_by=self.request.user)
-
-    def _check_owner(self, instance):
-        if instance.created_by_id != self.request.user.pk and not is_team_admin(self.request.user, instance.team):
-            raise PermissionDenied("Only the endpoint's creator or a team admin can change or delete it.")
-
-    def perform_update(self, serializer):
-        self._check_owner(serializer.instance)
-        serializer.save()
-
-    def perform_destroy(self, instance):
-        self._check_owner(instance)
-        instance.delete()
+    owner_word = "endpoint"

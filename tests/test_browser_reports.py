@@ -91,5 +91,10 @@ def test_the_sweep_compare_page_draws_each_report_with_its_own_data(live_server,
         expected = sorted(trial["metrics"]["output_tokens_per_s"] for trial in result["trials"] if trial["metrics"])
         assert sorted(drawn[run.pk]) == pytest.approx(expected)
     assert sorted(drawn[runs[1].pk]) == pytest.approx([3 * value for value in sorted(drawn[runs[0].pk])])
+    # Each picker shows the report it compares; each side lists its own job's stages; the page fits its width
+    assert page.locator("select[name=a]").input_value() == str(runs[0].pk)
+    assert page.locator("select[name=b]").input_value() == str(runs[1].pk)
+    assert page.locator(".side table.pipeline tbody tr").count() == 2
+    assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
     assert page.locator("[id]").evaluate_all("(elements) => elements.length") == len(set(
         page.locator("[id]").evaluate_all("(elements) => elements.map((element) => element.id)")))

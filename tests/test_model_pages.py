@@ -1,6 +1,7 @@
 """Model intake on the control plane: analysis on upload, refusals with reasons, the model page's sizes and plans."""
 
 import json
+import re
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -111,3 +112,21 @@ def test_the_api_plans_a_what_if_cluster_and_keeps_the_prediction(member_api, ou
         "non_field_errors": ["Give a cluster, or devices_per_node and device_memory_gb."]}
     assert outsider_api.post(f"/api/models/{deepseek.pk}/plan/", {}, format="json").status_code == 404
     assert outsider_api.get("/api/model-plans/").json()["count"] == 0
+
+
+def test_numbers_are_written_as_people_write_them_never_in_exponent_form(member, team, owner):
+    from adaptation.templatetags.d0 import billions, grouped
+
+    assert [billions(value) for value in (1.0263e12, 671.03e9, 37.6e9, 5.14e9, 2_101_248, 1536, None)] == [
+        "1.03 T", "671 B", "37.6 B", "5.14 B", "2.1 M", "1,536", "—"]
+    assert grouped(1525914) == "1,525,914"
+    client = Client()
+    client.force_login(member)
+    pages = {}
+    for slug in ("kimi-k2-instruct", "qwen3-0.6b", "gpt-oss-20b"):
+        spec = intake.add_from_catalog(team=team, user=owner, slug=slug)[0]
+        pages[slug] = page = client.get(f"/models/{spec.pk}/").content.decode()
+        # What a person reads: scripts' JSON and verbatim config (pre/code) keep the config's own spelling (1e-06)
+        shown = re.sub(r"<(script|pre|code)\b.*?</\1>", "", page, flags=re.DOTALL)
+        assert not re.search(r"\d(\.\d+)?e[+-]\d", shown), (slug, re.search(r".{60}\de[+-]\d.{20}", shown))
+    assert "1.03 T" in pages["kimi-k2-instruct"]

@@ -13,10 +13,27 @@ def as_json(value) -> str:
 
 @register.filter
 def billions(value) -> str:
-    """A parameter count as people write it: 671 B, 5.1 B, 0.6 B ("—" when unknown)."""
+    """A parameter count as people write it, never in exponent form: 1.03 T, 671 B, 5.14 B, 2.1 M, 1,536 ("—" when
+    unknown)."""
     if value in (None, ""):
         return "—"
-    return f"{value / 1e9:.3g} B"
+    value = float(value)
+    if value >= 1e12:
+        return f"{value / 1e12:.2f} T"
+    if value >= 1e9:
+        scaled = value / 1e9
+        return f"{scaled:,.0f} B" if scaled >= 100 else f"{scaled:.1f} B" if scaled >= 10 else f"{scaled:.2f} B"
+    if value >= 1e6:
+        return f"{value / 1e6:,.1f} M"
+    return f"{value:,.0f}"
+
+
+@register.filter
+def grouped(value) -> str:
+    """An integer with thousands separators: 1,525,914."""
+    if value in (None, ""):
+        return "—"
+    return f"{int(value):,}"
 
 
 @register.filter

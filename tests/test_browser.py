@@ -111,3 +111,27 @@ def test_the_job_page_lists_pending_stages_and_says_when_the_connection_is_lost(
     assert "the server has not answered since" in banner.inner_text()
     page.unroute("**/progress/")
     banner.wait_for(state="hidden", timeout=15_000)
+
+
+def test_the_job_form_shows_each_chosen_stages_parameters_and_rejects_a_bad_value_with_its_range(
+        live_server, cluster, member, model_spec, page):
+    page.goto(f"{live_server.url}/login/")
+    page.fill("#id_username", "bob")
+    page.fill("#id_password", "a-long-test-password")
+    page.click("button[type=submit]")
+    page.goto(f"{live_server.url}/jobs/new/")
+    sharded = page.locator("fieldset[data-stage=sharded_run]")
+    assert sharded.is_hidden()  # only the ticked stages' parameters are shown
+    page.check("input[name=stages][value=sharded_run]")
+    assert sharded.is_visible() and page.locator("fieldset[data-stage=sweep]").is_hidden()
+    tp = page.locator("#id_sharded_run__tp")
+    assert tp.get_attribute("placeholder") == "1"  # the default, shown
+    assert "Allowed: 1 to 64. Default: 1." in sharded.inner_text()
+    page.select_option("#id_model", str(model_spec.pk))
+    tp.fill("0")
+    page.click("form#job-form button[type=submit]")
+    page.wait_for_load_state()
+    field = page.locator("fieldset[data-stage=sharded_run] .field.invalid")
+    assert "must be at least 1, not 0" in field.inner_text()
+    assert page.locator("fieldset[data-stage=sharded_run]").is_visible()  # still ticked, still shown
+    assert not AdaptationJob.objects.exists()

@@ -155,3 +155,46 @@ def test_a_rogue_rank_0_cannot_run_code_in_a_rank_that_joins_it(tmp_path):
         rogue.kill()
         rogue.wait(timeout=30)
     assert not marker.exists(), "the rank unpickled what the rogue rank 0 sent"
+
+
+def test_the_job_form_has_a_field_per_stage_parameter_with_its_default_and_range(member, cluster, model_spec,
+                                                                                broker, team):
+    from adaptation.models import VirtualBackend
+
+    backend = VirtualBackend.objects.create(team=team, name="npu-x", operators=["aten::mm"])
+    client = Client()
+    client.force_login(member)
+    page = client.get(f"/jobs/new/?model={model_spec.pk}&stages=op_coverage").content.decode()
+    assert 'name="sharded_run__tp"' in page and 'placeholder="1"' in page
+    assert "tensor-parallel ranks. Allowed: 1 to 64. Default: 1." in page
+    assert 'name="sharded_run__rendezvous"' not in page  # set by the control plane only
+    assert re.search(r'name="stages" value="op_coverage"[^>]*checked', page)  # preselected by the link
+    assert not re.search(r'name="stages" value="sweep"[^>]*checked', page)
+    assert f'value="{backend.pk}"' in page and "npu-x" in page  # virtual backends are a choice, not ids to type
+    refused = client.post("/jobs/new/", {"cluster": cluster.pk, "model": model_spec.pk, "stages": ["sharded_run"],
+                                         "sharded_run__tp": "0"})
+    assert refused.status_code == 200 and not AdaptationJob.objects.exists()
+    body = refused.content.decode()
+    field = body[body.index('name="sharded_run__tp"'):]
+    assert "must be at least 1, not 0" in field[:2000]
+    bad_json = client.post("/jobs/new/", {"cluster": cluster.pk, "model": model_spec.pk, "stages": ["sweep"],
+                                          "sweep__grid": "{batch_size: [1]}"})
+    assert "Not valid JSON" in bad_json.content.decode() and not AdaptationJob.objects.exists()
+    accepted = client.post("/jobs/new/", {
+        "cluster": cluster.pk, "model": model_spec.pk, "stages": ["sharded_run", "op_coverage"],
+        "sharded_run__tp": "2", "sharded_run__dtype": "bf16", "sharded_run__shrink": "false",
+        "op_coverage__virtual_backends": [str(backend.pk)], "op_coverage__dtypes": '["fp32"]',
+        "sweep__grid": '{"batch_size": [1]}',  # a stage not chosen: its fields are ignored
+        "parameters": '{"sharded_run": {"decode_steps": 4}}'})
+    assert accepted.status_code == 302, accepted.content.decode()[:3000]
+    job = AdaptationJob.objects.get()
+    assert job.parameters == {"sharded_run": {"decode_steps": 4, "tp": 2, "dtype": "bf16", "shrink": False},
+                              "op_coverage": {"virtual_backends": [backend.pk], "dtypes": ["fp32"]}}
+
+
+def test_the_model_page_offers_coverage_and_sweep_jobs(member, model_spec):
+    client = Client()
+    client.force_login(member)
+    page = client.get(f"/models/{model_spec.pk}/").content.decode()
+    assert f"/jobs/new/?model={model_spec.pk}&amp;stages=op_coverage" in page and "Run op coverage" in page
+    assert "stages=env_check&amp;stages=sweep" in page and "Run a sweep" in page

@@ -11,7 +11,6 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from workers.engine.stages import describe_parameters
 
 from ..choices import ACTIVE_STATUSES, STATUS_COLOURS
 from ..clusters.services import clusters_with_counts
@@ -45,7 +44,10 @@ def job_list(request):
 @login_required
 def job_create(request):
     # The cluster and model pages link here with ?cluster= / ?model= to preselect them.
-    form = JobForm(request.POST or None, user=request.user, initial=request.GET.dict())
+    initial = request.GET.dict()
+    if request.GET.getlist("stages"):  # the model page's buttons preselect a stage
+        initial["stages"] = request.GET.getlist("stages")
+    form = JobForm(request.POST or None, user=request.user, initial=initial)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
@@ -53,11 +55,15 @@ def job_create(request):
                                       model=data["model"], stages=data["stages"], parameters=data["parameters"])
         except ValidationError as error:
             for field, problems in error.message_dict.items():
-                form.add_error(field if field in form.fields else None, problems)
+                for problem in problems:
+                    key, _, message = problem.partition(": ")
+                    if field == "parameters" and message:
+                        form.add_parameter_error(key, message)  # "sharded_run.weights_path: lies under ..."
+                    else:
+                        form.add_error(field if field in form.fields else None, problem)
         else:
             return redirect("job-detail", pk=job.pk)
-    return render(request, "adaptation/form.html", {"form": form, "title": "Submit a job",
-                                                    "stage_parameters": describe_parameters()})
+    return render(request, "adaptation/jobs/form.html", {"form": form, "title": "Submit a job"})
 
 
 def _job_for(request, pk):

@@ -18,13 +18,10 @@ def billions(value) -> str:
     if value in (None, ""):
         return "—"
     value = float(value)
-    if value >= 1e12:
-        return f"{value / 1e12:.2f} T"
-    if value >= 1e9:
-        scaled = value / 1e9
-        return f"{scaled:,.0f} B" if scaled >= 100 else f"{scaled:.1f} B" if scaled >= 10 else f"{scaled:.2f} B"
-    if value >= 1e6:
-        return f"{value / 1e6:,.1f} M"
+    # Three significant digits, but a unit up before .3g would write 999.6 as "1e+03".
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
+        if value >= scale * 0.9995:
+            return f"{value / scale:.3g} {unit}"
     return f"{value:,.0f}"
 
 

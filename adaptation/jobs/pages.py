@@ -18,6 +18,7 @@ from ..filtersets import JobFilterSet
 from ..models import AdaptationJob, StageRun
 from . import services
 from .forms import JobForm
+from .outcomes import outcome
 
 
 @login_required
@@ -126,9 +127,11 @@ def pending_stages(job: AdaptationJob, runs) -> list[str]:
 @login_required
 def job_detail(request, pk):
     job = _job_for(request, pk)
+    stage_runs = list(job.stage_runs.select_related("node").order_by("id"))
     return render(request, "adaptation/jobs/detail.html", {
         "job": job,
-        "stage_runs": job.stage_runs.select_related("node").order_by("id"),
+        "stage_runs": stage_runs,
+        "outcomes": [outcome(run) for run in stage_runs],
         "progress_payload": job_progress_payload(job),
     })
 

@@ -1,0 +1,29 @@
+"""The job page leads with what each stage found: a headline per stage run, and its warnings (a proxy sweep says it
+is one; a sweep with a trial over its ceiling says the ceiling is suspect)."""
+
+from django.test import Client
+
+from adaptation.models import StageRun
+
+
+def test_the_job_page_leads_with_each_stages_outcome(member, job, node):
+    probe = job.stage_runs.get()
+    probe.start()
+    probe.finish(result={"devices": [{"kind": "cpu", "name": "EPYC"}]})
+    sweep = StageRun.objects.create(job=job, kind="sweep", node=node, node_name=node.hostname)
+    sweep.start()
+    sweep.finish(result={"trials": [{"status": "ok", "roofline": {"efficiency": 1.9}},
+                                    {"status": "failed", "roofline": None}],
+                         "best": {"metrics": {"output_tokens_per_s": 812.5}}, "model": {"reduced": True}})
+    failed = StageRun.objects.create(job=job, kind="op_coverage", node=node, node_name=node.hostname)
+    failed.start()
+    failed.fail("tracing failed: no kernel")
+    client = Client()
+    client.force_login(member)
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    outcomes = page[page.index('id="job-outcomes"'):page.index("</ul>", page.index('id="job-outcomes"'))]
+    assert "env_probe</strong> on gpu-01: 1 device(s): EPYC" in outcomes
+    assert "best 812.5 output tok/s; 1 of 2 trials served" in outcomes
+    assert "a proxy: a reduced model with random weights on transformers" in outcomes
+    assert "the ceiling is suspect" in outcomes
+    assert "op_coverage</strong> on gpu-01: tracing failed: no kernel" in outcomes

@@ -27,3 +27,17 @@ def test_the_job_page_leads_with_each_stages_outcome(member, job, node):
     assert "a proxy: a reduced model with random weights on transformers" in outcomes
     assert "the ceiling is suspect" in outcomes
     assert "op_coverage</strong> on gpu-01: tracing failed: no kernel" in outcomes
+
+
+def test_the_cluster_page_shows_how_busy_each_node_is(member, job, node, cluster):
+    from adaptation.models import Node
+
+    running = StageRun.objects.create(job=job, kind="sweep", node=node, node_name=node.hostname)
+    running.start()
+    Node.objects.create(cluster=cluster, hostname="gpu-02", queue_name="d0.node.alpha.h100-pod.gpu-02")
+    client = Client()
+    client.force_login(member)
+    page = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    cells = [page[index:page.index("</td>", index)] for index in
+             [position for position in range(len(page)) if page.startswith('<td class="busy">', position)]]
+    assert [cell.removeprefix('<td class="busy">') for cell in cells] == ["1 running, 1 waiting", "idle"]

@@ -5,10 +5,11 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.db.models import Prefetch
+from django.db.models import Count, Prefetch, Q
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from ..choices import JobStatus
 from ..jobs import services as jobs
 from ..models import Cluster, Device, EnvReport
 from ..teams.services import is_team_admin
@@ -29,7 +30,10 @@ def _admin_cluster_for(request, pk):
 
 def _detail(request, cluster, **extra):
     is_admin = is_team_admin(request.user, cluster.team)
-    nodes = cluster.nodes.prefetch_related(Prefetch("devices", queryset=Device.objects.order_by("kind", "index")))
+    # Busyness: stage runs a node is running, and those dispatched to its queue that it has not started yet.
+    nodes = cluster.nodes.prefetch_related(Prefetch("devices", queryset=Device.objects.order_by("kind", "index"))) \
+        .annotate(running_stages=Count("stage_runs", filter=Q(stage_runs__status=JobStatus.RUNNING)),
+                  queued_stages=Count("stage_runs", filter=Q(stage_runs__status=JobStatus.QUEUED)))
     return render(request, "adaptation/clusters/detail.html", {
         "cluster": cluster,
         "nodes": nodes,

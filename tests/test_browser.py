@@ -135,3 +135,27 @@ def test_the_job_form_shows_each_chosen_stages_parameters_and_rejects_a_bad_valu
     assert "must be at least 1, not 0" in field.inner_text()
     assert page.locator("fieldset[data-stage=sharded_run]").is_visible()  # still ticked, still shown
     assert not AdaptationJob.objects.exists()
+
+
+def test_cancel_asks_first_and_every_page_has_an_icon(live_server, cluster, member, model_spec, page):
+    job = AdaptationJob.objects.create(team=cluster.team, cluster=cluster, model=model_spec, submitted_by=member,
+                                       stages=["env_probe"])
+    page.goto(f"{live_server.url}/login/")
+    page.fill("#id_username", "bob")
+    page.fill("#id_password", "a-long-test-password")
+    page.click("button[type=submit]")
+    missing = []
+    page.on("response", lambda response: missing.append(response.url) if response.status == 404 else None)
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    asked = []
+    page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.dismiss()))
+    page.click("#cancel-form button")
+    page.wait_for_timeout(500)
+    assert asked == [f"Cancel job {job.pk}? Its running stages are stopped."]
+    job.refresh_from_db()
+    assert job.status == "queued"  # dismissed: nothing was cancelled
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#cancel-form button")
+    page.wait_for_url(f"{live_server.url}/jobs/{job.pk}/")
+    page.locator("#job-status").filter(has_text="Cancelled").wait_for(timeout=10_000)
+    assert missing == []  # no favicon.ico (or anything else) 404s

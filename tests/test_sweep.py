@@ -25,10 +25,11 @@ from workers.engine.sweep.workload import Workload
 ROOT = Path(__file__).resolve().parent.parent
 QWEN3_PATH = Path(__file__).parent.parent / "adaptation" / "intake" / "catalog" / "configs" / "qwen3-0.6b.json"
 QWEN3 = json.loads(QWEN3_PATH.read_text())
-TRIAL_KEYS = {"id", "rung", "params", "workload", "status", "reason", "metrics", "roofline", "details"}
+TRIAL_KEYS = {"id", "rung", "params", "workload", "status", "reason", "metrics", "roofline", "details", "repeats"}
 METRIC_KEYS = {"completed", "failed", "duration_s", "total_input_tokens", "total_output_tokens",
                "output_tokens_per_s", "requests_per_s", "total_tokens_per_s", "ttft_s", "tpot_s", "itl_s",
-               "e2e_latency_s", "slo", "good_requests", "goodput_requests_per_s", "peak_memory_bytes",
+               "e2e_latency_s", "e2e_latency_samples_s", "slo", "good_requests", "goodput_requests_per_s",
+               "peak_memory_bytes",
                "peak_memory_source", "kv_cache_bytes", "weight_bytes"}
 DISTRIBUTION_KEYS = {"mean", "p50", "p90", "p99", "count"}
 SLO = {"ttft_s": 30.0, "tpot_s": 10.0}
@@ -406,3 +407,37 @@ def test_an_architecture_the_paged_cache_cannot_hold_is_served_by_static_batches
                       workload={"requests": 2, "prompt_len": 8, "output_len": 2}, device="cpu",
                       hardware={"memory_bandwidth_bytes_per_s": 2e10, "flops_per_s": {"fp32": 1e11}})
     assert list(plain["serving_paths"]) == ["continuous batching with a paged KV cache"]
+
+
+def test_each_configuration_runs_three_times_and_reports_the_median_with_its_spread():
+    from adaptation.sweeps.charts import figures
+
+    result = run_sweep(QWEN3, grid={"precision": ["fp32"], "batch_size": [1, 2], "page_size": [16],
+                                    "max_batch_tokens": [64]},
+                       workload={"requests": 3, "prompt_len": 8, "output_len": 3}, device="cpu",
+                       hardware={"memory_bandwidth_bytes_per_s": 2e10, "flops_per_s": {"fp32": 1e11}})
+    assert result["repeats"] == 3
+    for trial in result["trials"]:
+        repeats = trial["repeats"]
+        runs = repeats["output_tokens_per_s"]
+        assert repeats["count"] == 3 and runs == sorted(runs) and len(repeats["ttft_p50_s"]) == 3
+        assert trial["metrics"]["output_tokens_per_s"] == repeats["median"] == runs[1]
+        assert repeats["spread"] == pytest.approx((runs[2] - runs[0]) / runs[1])
+        # The CDF's points are every request's latency, not three percentiles
+        samples = trial["metrics"]["e2e_latency_samples_s"]
+        assert len(samples) == trial["metrics"]["completed"] == 3 and samples == sorted(samples)
+    cdf = figures(result)["cdf"]
+    assert "every request" in cdf.layout.title.text
+    assert [len(trace.x) for trace in cdf.data] == [3, 3]
+
+
+def test_a_failing_configuration_is_not_repeated(monkeypatch):
+    from workers.engine.sweep import repeated
+
+    calls = []
+
+    def failing():
+        calls.append(1)
+        return {"status": "oom", "metrics": None}
+
+    assert repeated(failing, 3)["status"] == "oom" and len(calls) == 1

@@ -50,8 +50,17 @@ def figures(result: dict) -> dict[str, go.Figure]:
                                      mode="markers+lines", name=f"TTFT {precision}"))
         latency.add_trace(go.Scatter(x=sizes, y=[t["metrics"]["tpot_s"]["p50"] for t in members],
                                      mode="markers+lines", name=f"TPOT {precision}", line={"dash": "dot"}))
-    cdf = go.Figure(layout=_layout("End-to-end latency CDF (recorded percentiles)", "seconds", "fraction of requests"))
+    raw = all(trial["metrics"].get("e2e_latency_samples_s") for trial in trials)
+    cdf = go.Figure(layout=_layout("End-to-end latency CDF (" + ("every request" if raw else
+                                                                 "recorded percentiles: an older report") + ")",
+                                   "seconds", "fraction of requests"))
     for trial, name in zip(trials, label, strict=True):
+        sampled = trial["metrics"].get("e2e_latency_samples_s")
+        if raw:
+            count = len(sampled)
+            cdf.add_trace(go.Scatter(x=sampled, y=[(index + 1) / count for index in range(count)],
+                                     mode="lines", line={"shape": "hv"}, name=name))
+            continue
         e2e = trial["metrics"]["e2e_latency_s"]
         cdf.add_trace(go.Scatter(x=[0, e2e["p50"], e2e["p90"], e2e["p99"]], y=[0, 0.5, 0.9, 0.99],
                                  mode="lines+markers", name=name))

@@ -62,6 +62,7 @@ def add_parser(verbs) -> argparse.ArgumentParser:
     parser.add_argument("--device", help="torch device (default: the first accelerator, else the CPU)")
     parser.add_argument("--hardware", type=Path, help="JSON file with the node's bandwidth and FLOP/s")
     parser.add_argument("--full-model", action="store_true", help="serve the full model, not the reduced one")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per configuration; the median is reported")
     return parser
 
 
@@ -80,4 +81,4 @@ def run(args: argparse.Namespace, progress=None) -> dict:
             "max_batch_tokens": args.max_batch_tokens}
     hardware = json.loads(args.hardware.read_text()) if args.hardware else None
     return run_sweep(config, grid=grid, workload=workload, search=args.search, device=args.device,
-                     hardware=hardware, progress=progress, reduce=not args.full_model)
+                     hardware=hardware, progress=progress, reduce=not args.full_model, repeats=args.repeats)

@@ -101,6 +101,19 @@ def meets_slo(record: RequestRecord, slo: dict) -> bool:
     return all(observed[key] <= limit for key, limit in slo.items())
 
 
+# Raw end-to-end latencies kept per trial for the latency CDF; more requests than this are thinned evenly.
+MAX_SAMPLES = 2000
+
+
+def samples(values: list[float]) -> list[float]:
+    """The values sorted, at most MAX_SAMPLES of them (evenly spaced ranks, the first and last kept)."""
+    ordered = sorted(values)
+    if len(ordered) <= MAX_SAMPLES:
+        return ordered
+    step = (len(ordered) - 1) / (MAX_SAMPLES - 1)
+    return [ordered[round(index * step)] for index in range(MAX_SAMPLES)]
+
+
 def summarize(records: list[RequestRecord], slo: dict | None = None) -> dict:
     """The trial's serving metrics (see the module docstring for each definition)."""
     completed = [record for record in records if record.completed]
@@ -122,6 +135,8 @@ def summarize(records: list[RequestRecord], slo: dict | None = None) -> dict:
         "tpot_s": distribution([record.tpot for record in completed if record.tpot is not None]),
         "itl_s": distribution([gap for record in completed for gap in record.inter_token_latencies]),
         "e2e_latency_s": distribution([record.e2e_latency for record in completed]),
+        # Every completed request's end-to-end latency, sorted: the CDF is drawn from these, not from percentiles.
+        "e2e_latency_samples_s": samples([record.e2e_latency for record in completed]),
         "slo": dict(slo) if slo else None,
         "good_requests": None,
         "goodput_requests_per_s": None,

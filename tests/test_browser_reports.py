@@ -98,3 +98,26 @@ def test_the_sweep_compare_page_draws_each_report_with_its_own_data(live_server,
     assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
     assert page.locator("[id]").evaluate_all("(elements) => elements.length") == len(set(
         page.locator("[id]").evaluate_all("(elements) => elements.map((element) => element.id)")))
+
+
+def test_pages_fit_a_390_px_phone_without_sideways_scrolling(live_server, cluster, owner, member, node, page,  # noqa: F811
+                                                             sweep_result, job):  # noqa: F811
+    spec = intake.add_from_catalog(team=cluster.team, user=owner, slug="deepseek-v3")[0]
+    sweep_job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["sweep"])
+    run = StageRun.objects.create(job=sweep_job, kind="sweep", node=node, node_name=node.hostname)
+    run.start()
+    run.finish(result=sweep_result)
+    page.set_viewport_size({"width": 390, "height": 844})
+    log_in(page, live_server)
+    wide = {}
+    for url in ("/", "/jobs/", f"/jobs/{job.pk}/", "/models/", f"/models/{spec.pk}/", f"/sweeps/{run.pk}/",
+                f"/clusters/{cluster.pk}/"):
+        page.goto(f"{live_server.url}{url}")
+        page.wait_for_load_state("networkidle")
+        width = page.evaluate("() => document.documentElement.scrollWidth")
+        if width > 390:
+            wide[url] = (width, page.evaluate(
+                "() => [...document.querySelectorAll('body *')].filter((e) => e.getBoundingClientRect().right > 391)"
+                ".filter((e) => ![...e.children].some((c) => c.getBoundingClientRect().right > 391))"
+                ".slice(0, 4).map((e) => e.tagName + '.' + e.className + '#' + e.id)"))
+    assert wide == {}

@@ -16,6 +16,12 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-sync", "--no-first-run", "--disable-quic"]
 
 
+def screenshot(page, name: str) -> None:
+    """With D0_SCREENSHOTS=DIR (docs/screenshots/ in the repo), the page as it looks, for the README."""
+    if os.environ.get("D0_SCREENSHOTS"):
+        page.screenshot(path=os.path.join(os.environ["D0_SCREENSHOTS"], f"{name}.png"), full_page=True)
+
+
 @pytest.fixture
 def page(monkeypatch):
     chromium = shutil.which("chromium")
@@ -64,10 +70,11 @@ def test_a_member_logs_in_submits_a_job_and_sees_it_succeed(stack, live_server, 
     assert page.locator("#stage-rows tr td").first.inner_text() == "env_probe"
     assert "succeeded" in page.locator("#job-log").inner_text()
     assert page.locator("#retry-form").is_visible()
+    # The outcome line appears once the job has ended, without a reload
+    page.locator("#job-outcomes li").filter(has_text="env_probe on browser-node: 1 device(s)").wait_for(timeout=10_000)
     job = AdaptationJob.objects.get()
     assert (job.status, job.submitted_by, job.progress) == ("succeeded", member, 1.0)
-    if os.environ.get("D0_SCREENSHOTS"):
-        page.screenshot(path=os.path.join(os.environ["D0_SCREENSHOTS"], "job-detail.png"), full_page=True)
+    screenshot(page, "job-detail")
 
 
 
@@ -87,8 +94,7 @@ def test_the_topology_page_draws_its_graph_and_charts(live_server, cluster, memb
     graph_text = page.locator("#topology-graph").inner_text()
     assert "gpu-01" in graph_text and "loopback · 1.5 GB/s" in graph_text
     assert page.locator("#device-table tbody tr").count() == 1
-    if os.environ.get("D0_SCREENSHOTS"):
-        page.screenshot(path=os.path.join(os.environ["D0_SCREENSHOTS"], "topology.png"), full_page=True)
+    screenshot(page, "topology")
 
 
 def test_the_job_page_lists_pending_stages_and_says_when_the_connection_is_lost(live_server, cluster, member,

@@ -8,7 +8,7 @@ from adaptation.intake import services as intake
 from adaptation.jobs import services as jobs
 from adaptation.coverage.services import store_op_coverage
 from adaptation.models import CoverageReport, StageRun
-from tests.test_browser import page  # noqa: F401 - the Chromium page fixture
+from tests.test_browser import page, screenshot  # noqa: F401 - the Chromium page fixture
 from tests.test_sweep_reports import sweep_result  # noqa: F401 - a real sweep, module-scoped
 from workers.engine.coverage import op_coverage
 
@@ -52,6 +52,7 @@ def test_a_sweep_report_draws_its_charts_on_the_page_and_offline(live_server, cl
     page.goto(f"{live_server.url}/sweeps/{run.pk}/")
     for chart in CHARTS:
         page.locator(f"#sweep-charts-{run.pk}-{chart} .main-svg").first.wait_for(timeout=20_000)
+    screenshot(page, "sweep-report")
     client = Client()
     client.force_login(member)
     saved = tmp_path / "report.html"
@@ -96,6 +97,7 @@ def test_the_sweep_compare_page_draws_each_report_with_its_own_data(live_server,
     assert page.locator("select[name=b]").input_value() == str(runs[1].pk)
     assert page.locator(".side table.pipeline tbody tr").count() == 2
     assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
+    screenshot(page, "sweep-compare")
     assert page.locator("[id]").evaluate_all("(elements) => elements.length") == len(set(
         page.locator("[id]").evaluate_all("(elements) => elements.map((element) => element.id)")))
 
@@ -115,9 +117,16 @@ def test_pages_fit_a_390_px_phone_without_sideways_scrolling(live_server, cluste
         page.goto(f"{live_server.url}{url}")
         page.wait_for_load_state("networkidle")
         width = page.evaluate("() => document.documentElement.scrollWidth")
+        if url == "/jobs/":
+            screenshot(page, "phone-jobs")
         if width > 390:
             wide[url] = (width, page.evaluate(
                 "() => [...document.querySelectorAll('body *')].filter((e) => e.getBoundingClientRect().right > 391)"
                 ".filter((e) => ![...e.children].some((c) => c.getBoundingClientRect().right > 391))"
                 ".slice(0, 4).map((e) => e.tagName + '.' + e.className + '#' + e.id)"))
     assert wide == {}
+    page.set_viewport_size({"width": 1280, "height": 900})
+    for url, name in (("/", "dashboard"), (f"/models/{spec.pk}/", "model")):
+        page.goto(f"{live_server.url}{url}")
+        page.wait_for_load_state("networkidle")
+        screenshot(page, name)

@@ -1,11 +1,10 @@
 """In headless Chromium: the sharded run page and the comparison page draw their charts from a real engine report
 (two CPU ranks of a shrunk Qwen3 MoE, tensor parallel), stored on a stage run as a node would store it."""
 
-import os
 
 import pytest
 
-from tests.test_browser import page  # noqa: F401 - the same Chromium fixture
+from tests.test_browser import page, screenshot  # noqa: F401 - the same Chromium fixture
 from tests.test_sharded_jobs import RUN_DEADLINE, catalog_config, finished_run
 from workers.engine.sharding import run_sharded
 
@@ -39,12 +38,10 @@ def test_the_sharded_run_page_draws_the_time_split_and_the_expert_load(live_serv
     assert "compute" in legend and "collectives" in legend
     assert "expert 3" in page.locator("#expert-load-chart").inner_text()  # the reduced model's last of 4
     assert "random weights" in page.locator("#routing-warning").inner_text()
-    if os.environ.get("D0_SCREENSHOTS"):
-        page.screenshot(path=os.path.join(os.environ["D0_SCREENSHOTS"], "sharded-run.png"), full_page=True)
+    screenshot(page, "sharded-run")
 
     page.click("text=Compare runs of")
     page.locator("#decode-chart .main-svg").first.wait_for(timeout=20_000)
     assert page.locator("#run-table tbody tr").count() == 1
     assert f"#{run.job_id} tp2 pp1 ep1 fp32" in page.locator("#decode-chart").inner_text()
-    if os.environ.get("D0_SCREENSHOTS"):
-        page.screenshot(path=os.path.join(os.environ["D0_SCREENSHOTS"], "sharded-compare.png"), full_page=True)
+    screenshot(page, "sharded-compare")

@@ -88,6 +88,8 @@ def stage_page(job: AdaptationJob, run: StageRun) -> str | None:
         return reverse("sweep-report", args=[run.pk])
     if run.kind == "serve_sweep":
         return reverse("engine-report", args=[run.pk])
+    if run.kind == "endpoint_bench":
+        return reverse("endpoint-report", args=[run.pk])
     return None
 
 
@@ -110,6 +112,9 @@ def job_progress_payload(job: AdaptationJob) -> dict:
         ],
         # The job's stages no node has started yet (dispatched one after another), so the page lists what is left.
         "pending_stages": pending_stages(job, runs),
+        # Read from the results once, when the job has ended (the live polls skip the results, which can be large).
+        "outcomes": [outcome(run) for run in StageRun.objects.filter(job=job).order_by("id")]
+        if job.is_terminal else None,
     }
 
 

@@ -76,9 +76,37 @@
       ["", "—", "—", "—", "waits for the stages before it"].forEach(function (text) { cell(row, text); });
       rows.appendChild(row);
     });
+    if (job.outcomes) { renderOutcomes(job.outcomes); }
     var cancel = document.getElementById("cancel-form");
     if (cancel) { cancel.hidden = job.terminal; }
     document.getElementById("retry-form").hidden = !job.terminal;
+  }
+
+  function renderOutcomes(outcomes) {
+    var list = document.getElementById("job-outcomes");
+    if (!list) {
+      list = document.createElement("ul");
+      list.id = "job-outcomes";
+      list.className = "outcomes";
+      document.getElementById("job-error").after(list);
+    }
+    list.replaceChildren();
+    outcomes.forEach(function (item) {
+      var entry = document.createElement("li");
+      var badge = document.createElement("span");
+      badge.className = "status status-" + item.status;
+      badge.textContent = item.status;
+      var kind = document.createElement("strong");
+      kind.textContent = item.kind;
+      entry.append(badge, " ", kind, " on " + item.node + ": " + item.summary);
+      item.warnings.forEach(function (warning) {
+        var note = document.createElement("small");
+        note.className = "flag";
+        note.textContent = "⚠ " + warning;
+        entry.append(document.createElement("br"), note);
+      });
+      list.appendChild(entry);
+    });
   }
 
   function schedule(job) {

@@ -1,6 +1,8 @@
 """In headless Chromium: the coverage heatmap and gap pages, and a sweep report both on its page and as the
 downloaded self-contained HTML file opened offline (file://), with every chart drawn."""
 
+import re
+
 import pytest
 from django.test import Client
 
@@ -104,7 +106,8 @@ def test_the_sweep_compare_page_draws_each_report_with_its_own_data(live_server,
 
 def test_pages_fit_a_390_px_phone_without_sideways_scrolling(live_server, cluster, owner, member, node, page,  # noqa: F811
                                                              sweep_result, job):  # noqa: F811
-    spec = intake.add_from_catalog(team=cluster.team, user=owner, slug="deepseek-v3")[0]
+    # Kimi-K2: a trillion parameters, where a 3-significant-digit format once wrote "1.03e+03 B"
+    spec = intake.add_from_catalog(team=cluster.team, user=owner, slug="kimi-k2-instruct")[0]
     sweep_job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["sweep"])
     run = StageRun.objects.create(job=sweep_job, kind="sweep", node=node, node_name=node.hostname)
     run.start()
@@ -117,6 +120,14 @@ def test_pages_fit_a_390_px_phone_without_sideways_scrolling(live_server, cluste
         page.goto(f"{live_server.url}{url}")
         page.wait_for_load_state("networkidle")
         width = page.evaluate("() => document.documentElement.scrollWidth")
+        # No number d0 writes is in exponent form (1.03e+03 B): the visible text, charts included; verbatim
+        # config.json and command lines (pre, code) keep their own spelling (rms_norm_eps 1e-06)
+        shown = page.evaluate("() => { const copy = document.body.cloneNode(true);"
+                              " copy.querySelectorAll('pre, code, script').forEach((e) => e.remove());"
+                              " document.body.appendChild(copy); const text = copy.innerText; copy.remove();"
+                              " return text; }")
+        exponent = re.search(r".{0,40}\d(\.\d+)?e[+-]\d+.{0,20}", shown)
+        assert exponent is None, (url, exponent.group(0))
         if url == "/jobs/":
             screenshot(page, "phone-jobs")
         if width > 390:

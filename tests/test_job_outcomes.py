@@ -41,3 +41,20 @@ def test_the_cluster_page_shows_how_busy_each_node_is(member, job, node, cluster
     cells = [page[index:page.index("</td>", index)] for index in
              [position for position in range(len(page)) if page.startswith('<td class="busy">', position)]]
     assert [cell.removeprefix('<td class="busy">') for cell in cells] == ["1 running, 1 waiting", "idle"]
+
+
+def test_the_join_command_names_this_installs_broker_without_its_credentials(member, cluster, settings):
+    from adaptation.clusters import services
+
+    settings.D0_EMBEDDED_BROKER = False
+    settings.D0_BROKER_URL = "redis://control:s3cret@redis.internal:6380/2"
+    assert services.node_broker_hint() == {"url": "redis://NODE-USER:PASSWORD@redis.internal:6380/2",
+                                           "local_only": False}
+    client = Client()
+    client.force_login(member)
+    page = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    assert "--broker redis://NODE-USER:PASSWORD@redis.internal:6380/2" in page and "s3cret" not in page
+    settings.D0_EMBEDDED_BROKER = True
+    settings.D0_BROKER_URL = "redis+socket:///srv/d0/var/valkey.sock"
+    page = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    assert "only a node on this\n  machine can reach it" in page

@@ -131,3 +131,17 @@ def test_numbers_are_written_as_people_write_them_never_in_exponent_form(member,
         shown = re.sub(r"<(script|pre|code)\b.*?</\1>", "", page, flags=re.DOTALL)
         assert not re.search(r"\d(\.\d+)?e[+-]\d", shown), (slug, re.search(r".{60}\de[+-]\d.{20}", shown))
     assert "1.03 T" in pages["kimi-k2-instruct"]
+
+
+def test_the_what_if_form_keeps_the_csrf_token_out_of_its_urls(member, deepseek):
+    client = Client()
+    client.force_login(member)
+    query = {"devices_per_node": 8, "device_memory_gb": 141, "nodes": 2, "device_name": "H200", "precision": "bf16",
+             "concurrency": 32, "context_tokens": 8192}
+    page = client.get(f"/models/{deepseek.pk}/", query).content.decode()
+    plan_form = page[page.index('id="plan-form"'):page.index("</form>", page.index('id="plan-form"'))]
+    assert "csrfmiddlewaretoken" not in plan_form  # a GET form: its fields become the URL
+    keep = page[page.index('id="keep-plan"'):page.index("</form>", page.index('id="keep-plan"'))]
+    assert "csrfmiddlewaretoken" in keep and 'name="precision" value="bf16"' in keep
+    response = client.post(f"/models/{deepseek.pk}/", {**query, "csrfmiddlewaretoken": "x" * 32})
+    assert response.status_code == 302 and "csrfmiddlewaretoken" not in response.url and "nodes=2" in response.url

@@ -43,6 +43,7 @@ def _detail(request, cluster, **extra):
         "join_tokens": cluster.join_tokens.select_related("created_by")[:20] if is_admin else [],
         "token_form": extra.pop("token_form", None) or JoinTokenForm(),
         "rejected": services.rejected_messages(cluster),
+        "broker": services.node_broker_hint(),
         **extra,
     })
 

@@ -234,3 +234,18 @@ def preflight_refusals(kind: str, nodes: list[Node], now=None) -> dict[int, str]
             reasons[node.pk] = (f"node {node.hostname}'s latest env check is from {report.created:%Y-%m-%d %H:%M} "
                                 f"UTC, older than {settings.D0_PREFLIGHT_MAX_AGE_HOURS:g} h: run env_check again")
     return reasons
+
+
+def node_broker_hint() -> dict:
+    """The ``--broker`` a node of this install is told to use: this install's broker with its credentials left for
+    the operator to fill in (never shown), or, on the zero-setup embedded broker, that only this machine reaches it."""
+    from urllib.parse import urlsplit
+
+    from django.conf import settings
+
+    if settings.D0_EMBEDDED_BROKER:
+        return {"url": settings.D0_BROKER_URL, "local_only": True}
+    parts = urlsplit(settings.D0_BROKER_URL)
+    credentials = "NODE-USER:PASSWORD@" if parts.username or parts.password else ""
+    host = f"{parts.hostname}:{parts.port}" if parts.port else (parts.hostname or "")
+    return {"url": f"{parts.scheme}://{credentials}{host}{parts.path}", "local_only": False}

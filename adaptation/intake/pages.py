@@ -66,7 +66,10 @@ def model_detail(request, pk):
                 kept = services.record(spec, form.devices(), form.cleaned_data["precision"], form.workload(),
                                        request.user)
                 messages.success(request, f"Prediction kept (plan #{kept.pk}) for comparison with measured runs.")
-                return redirect(f"{request.path}?{request.POST.urlencode()}")
+                # Back to the same what-if, its fields in the URL but never the CSRF token.
+                fields = request.POST.copy()
+                fields.pop("csrfmiddlewaretoken", None)
+                return redirect(f"{request.path}?{fields.urlencode()}")
             what_if = services.plan(spec, form.devices(), form.cleaned_data["precision"], form.workload())
         except ValidationError as error:
             form.add_error(None, error)

@@ -145,3 +145,16 @@ def test_the_what_if_form_keeps_the_csrf_token_out_of_its_urls(member, deepseek)
     assert "csrfmiddlewaretoken" in keep and 'name="precision" value="bf16"' in keep
     response = client.post(f"/models/{deepseek.pk}/", {**query, "csrfmiddlewaretoken": "x" * 32})
     assert response.status_code == 302 and "csrfmiddlewaretoken" not in response.url and "nodes=2" in response.url
+
+
+def test_the_catalog_searches_and_marks_what_the_team_already_added(member, team, owner):
+    added = intake.add_from_catalog(team=team, user=owner, slug="qwen3-0.6b")[0]
+    client = Client()
+    client.force_login(member)
+    page = client.get("/models/catalog/", {"q": "qwen3"}).content.decode()
+    rows = page[page.index('id="catalog"'):]
+    assert "Qwen3-0.6B" in rows and "DeepSeek-V3" not in rows
+    assert f'href="/models/{added.pk}/" class="added"' in rows
+    assert "No catalog model matches." in client.get("/models/catalog/", {"q": "no-such-model"}).content.decode()
+    coverage = client.get("/coverage/").content.decode()
+    assert "No coverage report yet: open a model" in coverage and "Run op coverage" in coverage

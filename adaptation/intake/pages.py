@@ -36,8 +36,15 @@ def model_adapt(request, pk):
 
 @login_required
 def model_catalog(request):
-    return render(request, "adaptation/intake/catalog.html", {"catalog": catalog.CATALOG,
-                                                               "teams": teams_of(request.user)})
+    query = request.GET.get("q", "").strip().lower()
+    entries = [entry for entry in catalog.CATALOG
+               if not query or query in entry.name.lower() or query in entry.hf_id.lower()]
+    # What the user's teams already added: the row links to it instead of offering to add it again.
+    added = dict(ModelSpec.objects.for_user(request.user).exclude(catalog_slug="")
+                 .values_list("catalog_slug", "pk"))
+    return render(request, "adaptation/intake/catalog.html", {
+        "catalog": [(entry, added.get(entry.slug)) for entry in entries], "query": request.GET.get("q", ""),
+        "teams": teams_of(request.user)})
 
 
 @login_required

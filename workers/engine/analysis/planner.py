@@ -112,7 +112,8 @@ def _checked(cluster: Cluster) -> Cluster:
 
 def bandwidth_of(cluster: Cluster) -> dict:
     if cluster.memory_bandwidth_bytes_per_s:
-        return {"bytes_per_s": cluster.memory_bandwidth_bytes_per_s, "source": "measured (given)"}
+        return {"bytes_per_s": cluster.memory_bandwidth_bytes_per_s,
+                "source": "the figure given for this cluster (measured by its env check or entered)"}
     named = published_peak(cluster.device_name)
     if named:
         return {"bytes_per_s": named["memory_bandwidth"],

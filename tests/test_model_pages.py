@@ -158,3 +158,19 @@ def test_the_catalog_searches_and_marks_what_the_team_already_added(member, team
     assert "No catalog model matches." in client.get("/models/catalog/", {"q": "no-such-model"}).content.decode()
     coverage = client.get("/coverage/").content.decode()
     assert "No coverage report yet: open a model" in coverage and "Run op coverage" in coverage
+
+
+def test_the_model_list_shows_sizes_how_each_ships_and_its_coverage(member, team, owner, job, node):
+    from adaptation.models import CoverageReport
+
+    deepseek = intake.add_from_catalog(team=team, user=owner, slug="deepseek-v3")[0]
+    intake.add_from_catalog(team=team, user=owner, slug="qwen3-0.6b")
+    CoverageReport.objects.create(model=deepseek, job=job, stage_run=job.stage_runs.get(), backend="cpu",
+                                  dtype="bf16", coverage=0.93, report={"operators": []})
+    client = Client()
+    client.force_login(member)
+    page = client.get("/models/").content.decode()
+    row = page[page.index(">DeepSeek-V3<"):page.index("</tr>", page.index(">DeepSeek-V3<"))]
+    assert "671 B" in row and "37.6 B" in row and "<td>fp8</td>" in row and ">93%<" in row
+    qwen = page[page.index(">Qwen3-0.6B<"):page.index("</tr>", page.index(">Qwen3-0.6B<"))]
+    assert "<td>bfloat16</td>" in qwen and "<td>—</td>" in qwen

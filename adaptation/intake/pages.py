@@ -6,12 +6,14 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
+from django.db.models import OuterRef, Subquery
+from django.db.models.fields.json import KT
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from ..jobs import services as jobs
-from ..models import Cluster, ModelSpec
+from ..models import Cluster, CoverageReport, ModelSpec
 from ..teams.services import teams_of
 from . import catalog, services
 from .forms import ModelSpecForm, PlanForm
@@ -19,7 +21,12 @@ from .forms import ModelSpecForm, PlanForm
 
 @login_required
 def model_list(request):
-    models = ModelSpec.objects.for_user(request.user).select_related("team", "created_by").defer("config", "analysis")
+    # The figures a list needs, read in SQL from the JSON (the config and analysis themselves stay unloaded).
+    latest_coverage = CoverageReport.objects.filter(model=OuterRef("pk")).order_by("-created").values("coverage")[:1]
+    models = (ModelSpec.objects.for_user(request.user).select_related("team", "created_by").defer("config", "analysis")
+              .annotate(total_params=KT("analysis__total_params"), active_params=KT("analysis__active_params"),
+                        shipped_quantization=KT("config__quantization_config__quant_method"),
+                        shipped_dtype=KT("config__torch_dtype"), latest_coverage=Subquery(latest_coverage)))
     page = Paginator(models, settings.D0_PAGE_SIZE).get_page(request.GET.get("page"))
     return render(request, "adaptation/intake/model_list.html", {"page": page})
 

@@ -16,6 +16,15 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-sync", "--no-first-run", "--disable-quic"]
 
 
+def log_in(page, live_server) -> None:
+    """Sign in as the member fixture (bob) through the login form."""
+    page.goto(f"{live_server.url}/login/")
+    page.fill("#id_username", "bob")
+    page.fill("#id_password", "a-long-test-password")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/")
+
+
 def screenshot(page, name: str) -> None:
     """With D0_SCREENSHOTS=DIR (docs/screenshots/ in the repo), the page as it looks, for the README."""
     if os.environ.get("D0_SCREENSHOTS"):
@@ -84,10 +93,7 @@ def test_the_topology_page_draws_its_graph_and_charts(live_server, cluster, memb
     device = node.devices.get()
     Link.objects.create(cluster=cluster, kind="loopback", source_device=device, target_device=device,
                         measured_bandwidth_gbps=1.5)
-    page.goto(f"{live_server.url}/login/")
-    page.fill("#id_username", "bob")
-    page.fill("#id_password", "a-long-test-password")
-    page.click("button[type=submit]")
+    log_in(page, live_server)
     page.goto(f"{live_server.url}/clusters/{cluster.pk}/topology/")
     for chart in ("#topology-graph", "#bandwidth-chart", "#flops-chart"):
         page.locator(f"{chart} .main-svg").first.wait_for(timeout=20_000)
@@ -103,10 +109,7 @@ def test_the_job_page_lists_pending_stages_and_says_when_the_connection_is_lost(
     (refused like a server that went away) the page says so after three failed polls, and clears once it answers."""
     job = AdaptationJob.objects.create(team=cluster.team, cluster=cluster, model=model_spec, submitted_by=member,
                                        stages=["env_check", "sweep"])
-    page.goto(f"{live_server.url}/login/")
-    page.fill("#id_username", "bob")
-    page.fill("#id_password", "a-long-test-password")
-    page.click("button[type=submit]")
+    log_in(page, live_server)
     page.goto(f"{live_server.url}/jobs/{job.pk}/")
     rows = page.locator("#stage-rows tr.pending")
     assert rows.count() == 2 and "env_check" in rows.first.inner_text() and "pending" in rows.first.inner_text()
@@ -121,10 +124,7 @@ def test_the_job_page_lists_pending_stages_and_says_when_the_connection_is_lost(
 
 def test_the_job_form_shows_each_chosen_stages_parameters_and_rejects_a_bad_value_with_its_range(
         live_server, cluster, member, model_spec, page):
-    page.goto(f"{live_server.url}/login/")
-    page.fill("#id_username", "bob")
-    page.fill("#id_password", "a-long-test-password")
-    page.click("button[type=submit]")
+    log_in(page, live_server)
     page.goto(f"{live_server.url}/jobs/new/")
     sharded = page.locator("fieldset[data-stage=sharded_run]")
     assert sharded.is_hidden()  # only the ticked stages' parameters are shown
@@ -146,10 +146,7 @@ def test_the_job_form_shows_each_chosen_stages_parameters_and_rejects_a_bad_valu
 def test_cancel_asks_first_and_every_page_has_an_icon(live_server, cluster, member, model_spec, page):
     job = AdaptationJob.objects.create(team=cluster.team, cluster=cluster, model=model_spec, submitted_by=member,
                                        stages=["env_probe"])
-    page.goto(f"{live_server.url}/login/")
-    page.fill("#id_username", "bob")
-    page.fill("#id_password", "a-long-test-password")
-    page.click("button[type=submit]")
+    log_in(page, live_server)
     missing = []
     page.on("response", lambda response: missing.append(response.url) if response.status == 404 else None)
     page.goto(f"{live_server.url}/jobs/{job.pk}/")

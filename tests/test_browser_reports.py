@@ -10,20 +10,12 @@ from adaptation.intake import services as intake
 from adaptation.jobs import services as jobs
 from adaptation.coverage.services import store_op_coverage
 from adaptation.models import CoverageReport, StageRun
-from tests.test_browser import page, screenshot  # noqa: F401 - the Chromium page fixture
-from tests.test_sweep_reports import sweep_result  # noqa: F401 - a real sweep, module-scoped
+from tests.test_browser import log_in, page, screenshot  # noqa: F401 - the Chromium page fixture
+from tests.test_sweep_reports import stored_sweep, sweep_result  # noqa: F401 - a real sweep, module-scoped
 from workers.engine.coverage import op_coverage
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 CHARTS = ("throughput", "latency", "cdf", "pareto", "roofline", "predicted")
-
-
-def log_in(page, live_server):  # noqa: F811
-    page.goto(f"{live_server.url}/login/")
-    page.fill("#id_username", "bob")
-    page.fill("#id_password", "a-long-test-password")
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{live_server.url}/")
 
 
 def test_the_coverage_heatmap_and_gap_pages_render(live_server, cluster, owner, member, node, page):  # noqa: F811
@@ -45,11 +37,7 @@ def test_the_coverage_heatmap_and_gap_pages_render(live_server, cluster, owner, 
 
 def test_a_sweep_report_draws_its_charts_on_the_page_and_offline(live_server, cluster, owner, member, node, page,  # noqa: F811
                                                                  sweep_result, tmp_path):  # noqa: F811
-    spec = intake.add_from_catalog(team=cluster.team, user=owner, slug="qwen3-0.6b")[0]
-    job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["sweep"])
-    run = StageRun.objects.create(job=job, kind="sweep", node=node, node_name=node.hostname)
-    run.start()
-    run.finish(result=sweep_result)
+    run = stored_sweep(cluster, owner, node, sweep_result)
     log_in(page, live_server)
     page.goto(f"{live_server.url}/sweeps/{run.pk}/")
     for chart in CHARTS:
@@ -70,18 +58,11 @@ def test_the_sweep_compare_page_draws_each_report_with_its_own_data(live_server,
     """Two different reports side by side: each side's charts are drawn from its own trials (not the other's)."""
     import copy
 
-    spec = intake.add_from_catalog(team=cluster.team, user=owner, slug="qwen3-0.6b")[0]
     other = copy.deepcopy(sweep_result)
     for trial in other["trials"]:
         if trial["metrics"]:
             trial["metrics"]["output_tokens_per_s"] *= 3  # a report of its own, told apart by its figures
-    runs = []
-    for result in (sweep_result, other):
-        job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["sweep"])
-        run = StageRun.objects.create(job=job, kind="sweep", node=node, node_name=node.hostname)
-        run.start()
-        run.finish(result=result)
-        runs.append(run)
+    runs = [stored_sweep(cluster, owner, node, result) for result in (sweep_result, other)]
     log_in(page, live_server)
     page.goto(f"{live_server.url}/sweeps/compare/?a={runs[0].pk}&b={runs[1].pk}")
     drawn = {}
@@ -107,11 +88,8 @@ def test_the_sweep_compare_page_draws_each_report_with_its_own_data(live_server,
 def test_pages_fit_a_390_px_phone_without_sideways_scrolling(live_server, cluster, owner, member, node, page,  # noqa: F811
                                                              sweep_result, job):  # noqa: F811
     # Kimi-K2: a trillion parameters, where a 3-significant-digit format once wrote "1.03e+03 B"
-    spec = intake.add_from_catalog(team=cluster.team, user=owner, slug="kimi-k2-instruct")[0]
-    sweep_job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["sweep"])
-    run = StageRun.objects.create(job=sweep_job, kind="sweep", node=node, node_name=node.hostname)
-    run.start()
-    run.finish(result=sweep_result)
+    run = stored_sweep(cluster, owner, node, sweep_result, slug="kimi-k2-instruct")
+    spec = run.job.model
     page.set_viewport_size({"width": 390, "height": 844})
     log_in(page, live_server)
     wide = {}

@@ -114,22 +114,25 @@ def test_an_efficiency_above_one_is_never_shown_without_the_ceiling_marked_suspe
     fast = next(trial for trial in result["trials"] if trial["roofline"])
     fast["roofline"]["efficiency"] = 1.9  # what a ceiling measured on a loaded machine produced in a real report
     result["best"] = {key: fast[key] for key in ("id", "params", "metrics", "roofline")}
-    run = _stored(cluster, owner, node, result)
+    run = stored_sweep(cluster, owner, node, result)
     page = client_for.get(f"/sweeps/{run.pk}/").content.decode()
     assert "roofline ceiling suspect: measured 1.90× faster than it" in page
-    assert "1 trial(s) measured faster than the roofline's ceiling" in page
+    # (a real trial of this loaded machine may be over its ceiling too: it is counted the same way)
+    over = sum((trial["roofline"] or {}).get("efficiency", 0) > 1 for trial in result["trials"])
+    assert f"{over} trial(s) measured faster than the roofline's ceiling" in page
     assert "ceiling suspect (1.90×)" in page and "roofline efficiency 1.90" not in page
     rows = list(csv.DictReader(io.StringIO(client_for.get(f"/sweeps/{run.pk}/trials.csv").content.decode())))
-    flagged = [row for row in rows if row["roofline_ceiling_suspect"] == "True"]
-    assert [row["id"] for row in flagged] == [str(fast["id"])]
+    flagged = [row["id"] for row in rows if row["roofline_ceiling_suspect"] == "True"]
+    assert str(fast["id"]) in flagged and len(flagged) == over
     # The trials of a real sweep here stay below their ceiling or are flagged in the same way
-    plain = client_for.get(f"/sweeps/{_stored(cluster, owner, node, sweep_result).pk}/").content.decode()
+    plain = client_for.get(f"/sweeps/{stored_sweep(cluster, owner, node, sweep_result).pk}/").content.decode()
     assert ("ceiling suspect" in plain) == any(trial["roofline"] and trial["roofline"]["efficiency"] > 1
                                                for trial in sweep_result["trials"])
 
 
-def _stored(cluster, owner, node, result) -> StageRun:
-    spec = intake.add_from_catalog(team=cluster.team, user=owner, slug="qwen3-0.6b")[0]
+def stored_sweep(cluster, owner, node, result, slug="qwen3-0.6b") -> StageRun:
+    """A sweep stage run of a job, succeeded with ``result``, as a node would have stored it."""
+    spec = intake.add_from_catalog(team=cluster.team, user=owner, slug=slug)[0]
     job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["sweep"])
     run = StageRun.objects.create(job=job, kind="sweep", node=node, node_name=node.hostname)
     run.start()

@@ -43,6 +43,23 @@ class ClusterAdmin(admin.ModelAdmin):
     list_select_related = ["team"]
     inlines = [NodeInline]
 
+    # A cluster with queued or running jobs is not deleted (its stages would run on with no job to report to).
+    def has_delete_permission(self, request, obj=None):
+        from .choices import ACTIVE_STATUSES
+
+        if obj is not None and obj.jobs.filter(status__in=list(ACTIVE_STATUSES)).exists():
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def delete_queryset(self, request, queryset):
+        from .choices import ACTIVE_STATUSES
+
+        busy = queryset.filter(jobs__status__in=list(ACTIVE_STATUSES)).distinct()
+        if busy.exists():
+            self.message_user(request, "Not deleted, they have active jobs: " + ", ".join(c.name for c in busy),
+                              level="warning")
+        super().delete_queryset(request, queryset.exclude(pk__in=busy.values("pk")))
+
 
 class DeviceInline(admin.TabularInline):
     model = Device

@@ -219,3 +219,22 @@ def test_the_api_lists_the_catalog_and_adds_from_it(member_api, anon_api, team):
     assert (response.json()["name"], response.json()["catalog_slug"]) == ("Kimi-K2-Instruct", "kimi-k2-instruct")
     assert member_api.post("/api/models/", {"catalog": "nope"}, format="json").json()["catalog"] == [
         '"nope" is not a valid choice.']
+
+
+@pytest.mark.parametrize("body, message", [
+    ('{"name": "m\\u0000", "config": {"model_type": "llama"}}', "NUL"),
+    ('{"name": "m", "team": "al\\u0000pha", "config": {"model_type": "llama"}}', "NUL"),
+    ('{"name": "m", "config": {"model_type": "llama", "hidden_size": 8, "k\\u0000": 1}}', "NUL"),
+    ('{"name": "m", "config": {"model_type": "llama", "x": 1e400}}', "finite"),
+    ('{"name": "m", "config": {"model_type": "llama", "x": NaN}}', "Out of range"),
+])
+def test_what_postgresql_cannot_store_is_a_400_naming_it(member_api, body, message):
+    response = member_api.generic("POST", "/api/models/", body, content_type="application/json")
+    assert response.status_code == 400 and message in response.json()["detail"]
+
+
+def test_a_nul_in_a_query_string_or_a_cluster_name_is_a_400(member_api, owner_api):
+    assert member_api.get("/api/jobs/?status=run%00ning").status_code == 400
+    response = owner_api.generic("POST", "/api/clusters/", '{"name": "c\\u0000", "team": "al\\u0000pha"}',
+                                 content_type="application/json")
+    assert response.status_code == 400

@@ -58,3 +58,24 @@ def test_the_join_command_names_this_installs_broker_without_its_credentials(mem
     settings.D0_BROKER_URL = "redis+socket:///srv/d0/var/valkey.sock"
     page = client.get(f"/clusters/{cluster.pk}/").content.decode()
     assert "only a node on this\n  machine can reach it" in page
+
+
+def test_a_cluster_with_an_active_job_is_not_deleted(owner_api, cluster, job):
+    from adaptation.models import AdaptationJob, Cluster
+
+    response = owner_api.delete(f"/api/clusters/{cluster.pk}/")
+    assert response.status_code == 409 and f"#{job.pk}" in response.json()["detail"]
+    assert Cluster.objects.filter(pk=cluster.pk).exists() and AdaptationJob.objects.filter(pk=job.pk).exists()
+    job.cancel()
+    assert owner_api.delete(f"/api/clusters/{cluster.pk}/").status_code == 204
+    assert not Cluster.objects.filter(pk=cluster.pk).exists()
+
+
+def test_the_admin_keeps_a_cluster_with_an_active_job(admin_client, cluster, job):
+    page = admin_client.get(f"/admin/adaptation/cluster/{cluster.pk}/delete/")
+    assert page.status_code == 403
+    admin_client.post("/admin/adaptation/cluster/", {"action": "delete_selected", "_selected_action": [cluster.pk],
+                                                     "post": "yes"})
+    from adaptation.models import Cluster
+
+    assert Cluster.objects.filter(pk=cluster.pk).exists()

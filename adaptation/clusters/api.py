@@ -160,7 +160,7 @@ class ClusterViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
 
     def perform_destroy(self, instance):
         self._require_admin(instance.team)
-        instance.delete()
+        services.delete_cluster(instance)
 
     @extend_schema(responses={200: dict})
     @action(detail=True, methods=["get"])

@@ -249,3 +249,16 @@ def node_broker_hint() -> dict:
     credentials = "NODE-USER:PASSWORD@" if parts.username or parts.password else ""
     host = f"{parts.hostname}:{parts.port}" if parts.port else (parts.hostname or "")
     return {"url": f"{parts.scheme}://{credentials}{host}{parts.path}", "local_only": False}
+
+
+def delete_cluster(cluster) -> None:
+    """Delete a cluster and its history, unless a job of it is still queued or running: its stages would go on on
+    the nodes with no job row left to report to (the API answers 409 with the jobs to cancel first)."""
+    from ..choices import ACTIVE_STATUSES
+    from ..jobs.services import Conflict
+
+    active = list(cluster.jobs.filter(status__in=list(ACTIVE_STATUSES)).values_list("pk", flat=True)[:10])
+    if active:
+        raise Conflict(f"Cluster {cluster.name} has active jobs ({', '.join(f'#{pk}' for pk in active)}): cancel "
+                       "them first, or wait for them to end.")
+    cluster.delete()

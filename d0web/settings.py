@@ -241,6 +241,8 @@ D0_NODE_TIMEOUT = env_float("D0_NODE_TIMEOUT", 45.0)
 D0_SWEEP_INTERVAL = env_float("D0_SWEEP_INTERVAL", 10.0)
 # A stage running longer than this lost its report (the node's own limit is D0_STAGE_SOFT_TIME_LIMIT, 6 h).
 D0_STAGE_TIMEOUT = env_float("D0_STAGE_TIMEOUT", 6 * 3600 + 600)
+# A job queued this long, or running this long with no stage active, lost a message: the sweep settles it.
+D0_RECONCILE_AFTER = env_float("D0_RECONCILE_AFTER", 60.0)
 # Node trust: how long a join token lasts unless its maker says otherwise, and how old a registration, heartbeat
 # or leave may be before a stale one is counted as a replay (workers/signing.py, adaptation/clusters/trust.py).
 D0_JOIN_TOKEN_HOURS = env_float("D0_JOIN_TOKEN_HOURS", 24.0)

@@ -206,3 +206,50 @@ def test_a_stage_run_whose_report_was_lost_is_failed_by_the_sweep(job, settings)
     job.refresh_from_db()
     assert job.status == "failed"
     assert job.error == "Stage env_probe on gpu-01 sent no result within 60s; its report was lost."
+
+
+def _age(model, pk, field, seconds):
+    model.objects.filter(pk=pk).update(**{field: timezone.now() - timedelta(seconds=seconds)})
+
+
+def test_the_reconciler_settles_jobs_a_lost_message_left_behind(cluster, owner, node, broker, settings,
+                                                                django_capture_on_commit_callbacks):
+    """Issue 15: a dispatch lost with a killed consumer left a job queued forever; a control worker killed between
+    storing a stage's end and dispatching the next left it running forever."""
+    settings.D0_RECONCILE_AFTER = 60
+    lost_dispatch = submit(cluster, owner, django_capture_on_commit_callbacks)
+    _age(AdaptationJob, lost_dispatch.pk, "created", 61)
+    fresh = submit(cluster, owner, django_capture_on_commit_callbacks)  # its dispatch may still be on the way
+
+    def job_after_its_first_stage(stages, status="succeeded", error=""):
+        job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=stages)
+        job.start()
+        run = StageRun.objects.create(job=job, kind=stages[0], node=node, node_name=node.hostname)
+        run.start()
+        run.finish(result={"devices": []}) if status == "succeeded" else run.fail(error)
+        _age(AdaptationJob, job.pk, "started", 120)
+        _age(StageRun, run.pk, "finished", 61)
+        return job
+
+    lost_advance = job_after_its_first_stage(["env_probe", "env_check"])
+    lost_finish = job_after_its_first_stage(["env_probe"])
+    lost_failure = job_after_its_first_stage(["env_probe"], status="failed", error="node said: disk full")
+    never_advanced = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=["env_probe"])
+    never_advanced.start()  # the worker died right after job.start(), before advance_job
+    _age(AdaptationJob, never_advanced.pk, "started", 61)
+    broker.sent.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        settled = jobs.reconcile_jobs()
+    assert settled == {"dispatched": 1, "advanced": 3, "failed": 1}
+    status = {job.pk: job.status for job in AdaptationJob.objects.all()}
+    assert status[lost_dispatch.pk] == "running" and status[fresh.pk] == "queued"
+    assert status[lost_finish.pk] == "succeeded"
+    assert status[lost_advance.pk] == "running"
+    assert lost_advance.stage_runs.get(kind="env_check").status == "queued"  # the next stage, dispatched
+    failed = AdaptationJob.objects.get(pk=lost_failure.pk)
+    assert failed.status == "failed" and failed.error == "node said: disk full"
+    assert status[never_advanced.pk] == "running" and never_advanced.stage_runs.count() == 1
+    assert sorted(task["name"] for task in broker.sent) == [protocol.RUN_STAGE] * 3
+    # Once settled, a second sweep finds nothing to do
+    with django_capture_on_commit_callbacks(execute=True):
+        assert jobs.reconcile_jobs() == {"dispatched": 0, "advanced": 0, "failed": 0}

@@ -85,4 +85,5 @@ def stage_finished(*message) -> None:
 def sweep_nodes(self) -> list:
     clusters.control_worker_seen(self.request.hostname or "control")
     jobs.sweep_stuck_stage_runs()
+    jobs.reconcile_jobs()
     return jobs.sweep_nodes()

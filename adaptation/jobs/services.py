@@ -364,6 +364,43 @@ def sweep_stuck_stage_runs() -> int:
     return failed
 
 
+def reconcile_jobs() -> dict[str, int]:
+    """Settle jobs a lost or half-processed message left behind, on every sweep (the beat):
+
+    - a job still *queued* after ``D0_RECONCILE_AFTER`` seconds: its dispatch message was lost (a consumer killed
+      holding it) or waits behind a backlog; it is dispatched here, and a late message finds it started;
+    - a *running* job with no stage run active for that long: the control worker died between storing a stage's
+      end (or the job's start) and dispatching what comes next; a failed stage fails the job with its reason, else
+      the job advances (its next stage, or success).
+
+    Every step is a guarded transition or ``advance_job`` under the job's row lock, so a sweep that races the real
+    message does the work once. Returns how many jobs of each kind were settled."""
+    cutoff = timezone.now() - timedelta(seconds=settings.D0_RECONCILE_AFTER)
+    settled = {"dispatched": 0, "advanced": 0, "failed": 0}
+    for job_id in AdaptationJob.objects.filter(status=JobStatus.QUEUED, created__lt=cutoff).values_list("pk",
+                                                                                                       flat=True):
+        if AdaptationJob.objects.get(pk=job_id).status == JobStatus.QUEUED:
+            dispatch_job(job_id)
+            settled["dispatched"] += 1
+    running = AdaptationJob.objects.filter(status=JobStatus.RUNNING, started__lt=cutoff).exclude(
+        stage_runs__status__in=list(ACTIVE_STATUSES))
+    for job in running.distinct():
+        runs = list(job.stage_runs.all())
+        if any(run.finished and run.finished >= cutoff for run in runs):
+            continue  # its report is being processed right now
+        broken = next((run for run in runs if run.status in (JobStatus.FAILED, JobStatus.CANCELLED)), None)
+        if broken is not None:
+            fail_job(job, broken.error or f"Stage {broken.kind} on {broken.node_name} {broken.status}.")
+            settled["failed"] += 1
+        else:
+            job.append_log("reconciled: no stage was active, the job goes on")
+            advance_job(job.pk)
+            settled["advanced"] += 1
+    if any(settled.values()):
+        logger.warning("reconciled jobs: %s", settled)
+    return settled
+
+
 def sweep_nodes() -> list[str]:
     """Mark nodes offline after missed heartbeats and fail the work they held. Returns their hostnames."""
     timeout = settings.D0_NODE_TIMEOUT

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+import os
 from pathlib import Path
 
 import psutil
@@ -276,3 +277,26 @@ def test_experts_without_a_transformers_ep_plan_are_spread_over_ranks_too(name):
     report = run_sharded(load(name), ep=2, decode_steps=2, timeout_s=240)
     assert report["correct"], report["max_abs_diff"]
     assert report["layout"]["experts_per_rank"] >= 1
+
+
+def test_work_folders_are_removed_on_return_on_error_and_after_a_kill(tmp_path, monkeypatch):
+    import tempfile
+
+    from workers.engine import workdirs
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with workdirs.workdir("d0-shard-") as folder:
+        assert (Path(folder) / workdirs.OWNER_FILE).read_text() == str(os.getpid())
+    assert not Path(folder).exists()
+    with pytest.raises(RuntimeError), workdirs.workdir("d0-serve-") as folder:
+        raise RuntimeError("a rank crashed")
+    assert not Path(folder).exists()
+    # A folder left by a killed node worker (its process is gone), one of a live process, and one not d0's
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    for name, owner in (("d0-shard-killed", dead), ("d0-serve-running", str(os.getpid()))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / workdirs.OWNER_FILE).write_text(owner)
+    (tmp_path / "d0-shard-no-owner").mkdir()
+    assert workdirs.remove_stale() == [str(tmp_path / "d0-shard-killed")]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["d0-serve-running", "d0-shard-no-owner"]

@@ -30,6 +30,7 @@ from . import protocol, signing
 from .engine.envcheck.probe import probe_devices, probe_host
 from .engine.serving.engines import configured_engines, parse_engines
 from .engine.stages import run_stage as run_engine_stage
+from .engine.workdirs import remove_stale
 from .remote_control import NODE_COMMANDS, allow_only
 
 logger = logging.getLogger("d0.node")
@@ -150,6 +151,9 @@ def _register_and_beat(sender=None, **kwargs) -> None:
     host["node_name"] = identity.hostname
     host["data_roots"] = list(identity.data_roots)  # so a job naming a path elsewhere is refused at submit
     host["engines"] = [engine.probe() for engine in configured_engines().values()]
+    # Work folders of stages a kill cut short (no clean-up runs on SIGKILL) go before any new stage starts.
+    for folder in remove_stale():
+        logger.warning("removed the work folder %s of a stage that did not end cleanly", folder)
     app.send_task(protocol.REGISTER_NODE, args=registration(host, probe_devices(host)),
                   queue=protocol.control_queue())
     threading.Thread(target=_heartbeat_loop, name="d0-heartbeat", daemon=True).start()

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import workdirs
 from ..parameters import Parameter, validate
 from ..sweep import check_hardware
 from ..sweep.metrics import DEFINITIONS, summarize
@@ -339,7 +339,7 @@ def serve_sweep(params: dict, progress) -> dict:
     workload = Workload.from_dict(params.get("workload") or {})
     stop_servers_on_sigterm()
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="d0-serve-") as work:
+    with workdirs.workdir("d0-serve-") as work:
         work = Path(work)
         progress(0.0, "preparing the checkpoint")
         if params.get("weights_path"):

@@ -18,11 +18,12 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from .. import workdirs
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 POLL_SECONDS = 0.1
@@ -98,7 +99,7 @@ def launch_ranks(job: dict, *, nproc_per_node: int, node_rank: int, world_size: 
                  master_port: int, timeout_s: float,
                  progress: Callable[[float, str], None] | None = None) -> dict:
     """Run ``nproc_per_node`` ranks of ``rank_main`` for ``job``; return the report of this node's first rank."""
-    with tempfile.TemporaryDirectory(prefix="d0-shard-") as workdir:
+    with workdirs.workdir("d0-shard-") as workdir:
         job_path = Path(workdir) / "job.json"
         job_path.write_text(json.dumps(job))
         base_env = {**os.environ, "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),

@@ -9,10 +9,13 @@ a job queued when ``up`` stopped is still queued when it starts again.
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
+
+from workers.engine.processes import die_with_parent
 
 SOCKET_NAME = "valkey.sock"
 
@@ -60,7 +63,9 @@ def start(var_dir: Path, *, timeout: float = 20.0) -> subprocess.Popen:
         raise RuntimeError(f"a broker already answers on {socket_path(var_dir)}: is another `manage.py up` running "
                            "on this var/ folder?")
     socket_path(var_dir).unlink(missing_ok=True)  # left by a server that was killed
-    process = subprocess.Popen(server_command(var_dir), start_new_session=True)
+    # It dies with the process that started it (`manage.py up`), even one killed outright.
+    process = subprocess.Popen(server_command(var_dir), start_new_session=True,
+                               preexec_fn=die_with_parent(signal.SIGTERM))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -1,5 +1,6 @@
 """The job state machine through adaptation.jobs.services, with the broker recorded (no workers here)."""
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -253,3 +254,28 @@ def test_the_reconciler_settles_jobs_a_lost_message_left_behind(cluster, owner, 
     # Once settled, a second sweep finds nothing to do
     with django_capture_on_commit_callbacks(execute=True):
         assert jobs.reconcile_jobs() == {"dispatched": 0, "advanced": 0, "failed": 0}
+
+
+def test_a_node_restarted_within_its_timeout_fails_the_stage_its_old_worker_was_running(job, node, broker):
+    """Issue 15: the restart is seen by the re-registration, not by a missed heartbeat (it came back in time)."""
+    job.start()
+    running = job.stage_runs.get()
+    running.start()
+    _age(StageRun, running.pk, "started", 30)
+    queued = StageRun.objects.create(job=job, kind="env_check", node=node, node_name=node.hostname)
+    sent = time.time() - 5  # the new worker sent its registration 5 s ago, after the stage had started
+    clusters.register_node(node.cluster, node.hostname, {}, [], node=Node.objects.get(pk=node.pk), signed_ts=sent)
+    running.refresh_from_db()
+    job.refresh_from_db()
+    assert running.status == "failed" and "restarted while stage env_probe was running" in running.error
+    assert job.status == "failed" and "restarted" in job.error
+    assert StageRun.objects.get(pk=queued.pk).status == "cancelled"  # the job failed, so its other runs stop
+
+
+def test_a_stage_started_after_the_registration_was_sent_is_left_running(job, node):
+    job.start()
+    run = job.stage_runs.get()
+    run.start()
+    clusters.register_node(node.cluster, node.hostname, {}, [], node=Node.objects.get(pk=node.pk),
+                           signed_ts=time.time() - 60)
+    assert StageRun.objects.get(pk=run.pk).status == "running"

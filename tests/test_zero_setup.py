@@ -103,3 +103,31 @@ def test_the_run_command_serves_d0_and_runs_a_job_with_no_external_services(tmp_
         processes.running.clear()
     gone, alive = psutil.wait_procs(children, timeout=20)
     assert alive == [], f"processes left behind: {alive}"
+
+
+def test_up_refuses_a_second_start_and_its_processes_die_with_it(tmp_path):
+    """Issue 15: killing `up` outright left 11 of 12 children running, and a second `up` on the same var/ folder
+    failed to bind and exited 0."""
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("DATABASE_URL", "REDIS_URL", "D0_BROKER_URL", "D0_CONTROL_QUEUE")}
+    env.update(D0_VAR_DIR=str(tmp_path / "var"), D0_HEARTBEAT_INTERVAL="1")
+    base = f"http://127.0.0.1:{free_port()}"
+    processes = Processes(tmp_path)
+    up = processes.start("up", [sys.executable, "manage.py", "up", "--bind", base.removeprefix("http://"),
+                                "--web-workers", "1"], env)
+    try:
+        wait_for(quietly(lambda: call(f"{base}/api/status/") == {"status": "up"}), 120, "the web server")
+        second = processes.start("second", [sys.executable, "manage.py", "up", "--bind", f"127.0.0.1:{free_port()}"],
+                                 env)
+        assert second.wait(timeout=60) == 1
+        assert f"d0 is already running on {tmp_path / 'var'} (manage.py up, pid {up.pid})" in processes.log("second")
+        children = psutil.Process(up.pid).children(recursive=True)
+        assert len(children) >= 5  # the broker, gunicorn and its worker, the control and node workers
+    except BaseException:
+        print(processes.log("up"))
+        raise
+    os.kill(up.pid, signal.SIGKILL)  # no clean-up of its own: the children must go by themselves
+    up.wait(timeout=10)
+    processes.running.clear()
+    gone, alive = psutil.wait_procs(children, timeout=30)
+    assert alive == [], f"processes left behind: {[process.info for process in alive]}"

@@ -91,7 +91,31 @@ def register_node(cluster: Cluster, hostname: str, host_facts: dict, devices: li
             seen.append(device.pk)
         node.devices.exclude(pk__in=seen).delete()
     logger.info("node %s registered in %s with %d devices", hostname, cluster.join_name, len(seen))
+    if node.pk and signed_ts:
+        settle_runs_of_restarted_node(node, signed_ts)
     return node
+
+
+def settle_runs_of_restarted_node(node: Node, registered_ts: float) -> int:
+    """A node registers when its worker starts: a stage it was running before (started before this registration
+    was sent) ended with the old worker process and will send no result, so it fails now with that reason instead
+    of staying "running" until the stage timeout. Stages queued for it stay: their messages wait in its queue."""
+    from datetime import UTC, datetime
+
+    from ..choices import JobStatus
+    from ..jobs import services as jobs
+    from ..models import StageRun
+
+    before = datetime.fromtimestamp(registered_ts, tz=UTC)
+    failed = 0
+    for run in StageRun.objects.select_related("job").filter(node=node, status=JobStatus.RUNNING,
+                                                              started__lt=before):
+        error = (f"Node {node.hostname} restarted while stage {run.kind} was running: the worker process that ran "
+                 "it ended, so no result will come.")
+        if run.fail(error):
+            jobs.fail_job(run.job, error)
+            failed += 1
+    return failed
 
 
 def record_heartbeat(node: Node) -> None:

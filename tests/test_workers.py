@@ -100,3 +100,32 @@ def test_cancel_retry_cancel_leaves_the_node_taking_new_work(stack, cluster, mem
     job = wait_for(job_status(response.json()["id"], "succeeded", "failed"), 90, "the next job on the same node")
     assert job.status == "succeeded", job.error + job.log
     assert job.stage_runs.get().node_name == "worker-slot"
+
+
+def test_a_stage_message_delivered_again_is_not_run_twice(stack, cluster, member_api):
+    """Issue 15: a killed stage's message comes back (acks_late) and ran again for a job long failed."""
+    from adaptation.jobs.services import celery_app
+    from workers import protocol
+
+    stack.start_node("alpha/h100-pod", "worker-dup")
+    node = wait_for(node_online("worker-dup"), 60, "node registration")
+    response = member_api.post("/api/jobs/", {"cluster": cluster.pk, "stages": ["env_probe"]}, format="json")
+    job = wait_for(job_status(response.json()["id"], "succeeded", "failed"), 60, "the job")
+    run = job.stage_runs.get()
+    # The same message again, as the broker redelivers it: same task id, same arguments
+    celery_app().send_task(protocol.RUN_STAGE, args=[run.pk, "env_probe", {}], queue=node.queue_name,
+                           task_id=run.celery_task_id)
+    wait_for(lambda: "was delivered again after this node started it" in stack.logs(), 30, "the node to drop it")
+    assert f"stage run {run.pk} (task {run.celery_task_id})" in stack.logs()
+
+
+def test_the_started_tasks_file_keeps_the_newest_ids(tmp_path, monkeypatch):
+    from workers import delivered
+
+    monkeypatch.setattr(delivered, "KEEP", 4)
+    record = delivered.Delivered(tmp_path)
+    assert [record.first_delivery(task) for task in ("a", "b", "a")] == [True, True, False]
+    for task in ("c", "d", "e"):
+        assert record.first_delivery(task)
+    kept = (tmp_path / delivered.FILE_NAME).read_text().split()
+    assert kept == ["c", "d", "e"] and record.first_delivery("a")  # the oldest forgotten, the newest kept

@@ -30,6 +30,7 @@ from . import protocol, signing
 from .engine.envcheck.probe import probe_devices, probe_host
 from .engine.serving.engines import configured_engines, parse_engines
 from .engine.stages import run_stage as run_engine_stage
+from .delivered import Delivered
 from .engine.workdirs import remove_stale
 from .remote_control import NODE_COMMANDS, allow_only
 
@@ -52,6 +53,7 @@ class Identity:
     key: signing.NodeKey | None = None
     join_token: str = ""
     data_roots: tuple[str, ...] = ()  # folders stage parameters may name (checkpoints); none: no path parameter
+    delivered: Delivered | None = None  # stage tasks already started here (a redelivery is dropped)
 
 
 identity = Identity()
@@ -70,6 +72,7 @@ def configure(broker_url: str, cluster_ref: str, hostname: str, heartbeat_interv
     identity.queue = protocol.node_queue(cluster_ref, hostname)
     identity.heartbeat_interval = heartbeat_interval
     identity.key, created = signing.NodeKey.load_or_create(key_path(state_dir, cluster_ref, hostname))
+    identity.delivered = Delivered(state_dir / protocol.node_queue(cluster_ref, hostname))
     identity.join_token = join_token
     if created and not join_token:
         logger.warning("this node has no key registered yet and no join token was given (--token or "
@@ -108,8 +111,13 @@ def registration(host: dict, devices: list[dict]) -> list[str]:
     return [payload, identity.key.sign(payload), token_id, proof]
 
 
-@app.task(name=protocol.RUN_STAGE)
-def run_stage(stage_run_id: int, kind: str, params: dict) -> None:
+@app.task(name=protocol.RUN_STAGE, bind=True)
+def run_stage(self, stage_run_id: int, kind: str, params: dict) -> None:
+    if identity.delivered is not None and not identity.delivered.first_delivery(self.request.id):
+        # Started here before, by a worker that died mid-stage: the control plane failed that run already.
+        logger.warning("stage run %s (task %s) was delivered again after this node started it; not run twice",
+                       stage_run_id, self.request.id)
+        return
     report(protocol.STAGE_STARTED, stage_run_id)
     last_sent = 0.0
 

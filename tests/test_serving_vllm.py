@@ -208,9 +208,8 @@ def test_an_endpoint_someone_else_runs_is_benchmarked_with_its_stored_key(stack,
     is in no row."""
     import json
 
-    from django.core import serializers
-
-    from adaptation.models import AdaptationJob, ModelSpec, ServingEndpoint, StageRun
+    from adaptation.models import ModelSpec
+    from tests.test_serving_endpoints import stored_rows
     from workers.engine.serving.launchers import VllmLauncher
     from workers.engine.serving.server import EngineServer, free_port
 
@@ -254,6 +253,4 @@ def test_an_endpoint_someone_else_runs_is_benchmarked_with_its_stored_key(stack,
     assert bad.status == "failed" and "HTTP 401" in bad.error, bad.error
     report = member_api.get(f"/api/endpoint-reports/{good.stage_runs.get().pk}/")
     assert report.status_code == 200 and report.json()["result"]["best"]["client"]["concurrency"] in (1, 2)
-    rows = serializers.serialize("json", [*ServingEndpoint.objects.all(), *AdaptationJob.objects.all(),
-                                          *StageRun.objects.all()])
-    assert secret not in rows and secret not in stack.logs()
+    assert secret not in stored_rows() and secret not in stack.logs()

@@ -42,7 +42,8 @@ def quietly(function):
     return attempt
 
 
-def test_the_run_command_serves_d0_and_runs_a_job_with_no_external_services(tmp_path):
+def start_up(tmp_path):
+    """`manage.py up` on a fresh var/ folder with no external service configured: (processes, up, base URL, env)."""
     env = {key: value for key, value in os.environ.items()
            if key not in ("DATABASE_URL", "REDIS_URL", "D0_BROKER_URL", "D0_CONTROL_QUEUE")}
     env.update(D0_VAR_DIR=str(tmp_path / "var"), D0_HEARTBEAT_INTERVAL="1")
@@ -50,6 +51,11 @@ def test_the_run_command_serves_d0_and_runs_a_job_with_no_external_services(tmp_
     processes = Processes(tmp_path)
     up = processes.start("up", [sys.executable, "manage.py", "up", "--bind", base.removeprefix("http://"),
                                 "--web-workers", "1"], env)
+    return processes, up, base, env
+
+
+def test_the_run_command_serves_d0_and_runs_a_job_with_no_external_services(tmp_path):
+    processes, up, base, env = start_up(tmp_path)
     try:
         wait_for(quietly(lambda: call(f"{base}/api/status/") == {"status": "up"}), 120, "the web server")
         username, password = (tmp_path / "var" / "demo-credentials.txt").read_text().split()
@@ -108,13 +114,7 @@ def test_the_run_command_serves_d0_and_runs_a_job_with_no_external_services(tmp_
 def test_up_refuses_a_second_start_and_its_processes_die_with_it(tmp_path):
     """Issue 15: killing `up` outright left 11 of 12 children running, and a second `up` on the same var/ folder
     failed to bind and exited 0."""
-    env = {key: value for key, value in os.environ.items()
-           if key not in ("DATABASE_URL", "REDIS_URL", "D0_BROKER_URL", "D0_CONTROL_QUEUE")}
-    env.update(D0_VAR_DIR=str(tmp_path / "var"), D0_HEARTBEAT_INTERVAL="1")
-    base = f"http://127.0.0.1:{free_port()}"
-    processes = Processes(tmp_path)
-    up = processes.start("up", [sys.executable, "manage.py", "up", "--bind", base.removeprefix("http://"),
-                                "--web-workers", "1"], env)
+    processes, up, base, env = start_up(tmp_path)
     try:
         wait_for(quietly(lambda: call(f"{base}/api/status/") == {"status": "up"}), 120, "the web server")
         second = processes.start("second", [sys.executable, "manage.py", "up", "--bind", f"127.0.0.1:{free_port()}"],

@@ -79,9 +79,9 @@ class CreatorOrTeamAdminMixin:
     def check_owner(self, instance):
         from rest_framework.exceptions import PermissionDenied
 
-        from ..teams.services import is_team_admin
+        from ..teams.services import may_change
 
-        if instance.created_by_id != self.request.user.pk and not is_team_admin(self.request.user, instance.team):
+        if not may_change(self.request.user, instance):
             raise PermissionDenied(f"Only the {self.owner_word}'s creator or a team admin can change or delete it.")
 
     def perform_update(self, serializer):

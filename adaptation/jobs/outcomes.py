@@ -5,6 +5,7 @@ from the stored result, so a job that "succeeded" says what it succeeded at (and
 from __future__ import annotations
 
 from ..models import StageRun
+from ..sweeps.services import over_ceiling
 
 
 def _percent(value) -> str:
@@ -35,24 +36,25 @@ def _sharded_run(result: dict) -> tuple[str, list[str]]:
     return f"{verdict} against the fp32 reference ({shape or 'one rank'}, world {result.get('world_size', '?')})", []
 
 
+def _served(trials: list[dict]) -> str:
+    return f"{sum(trial.get('status') == 'ok' for trial in trials)} of {len(trials)} trials served"
+
+
 def _sweep(result: dict) -> tuple[str, list[str]]:
     trials = result.get("trials") or []
-    served = sum(trial.get("status") == "ok" for trial in trials)
     best = result.get("best") or {}
     metrics = best.get("metrics") or {}
     model = result.get("model") or {}
     warnings = ["a proxy: " + ("a reduced" if model.get("reduced") else "the full")
                 + " model with random weights on transformers, not a serving engine"]
-    if any(((trial.get("roofline") or {}).get("efficiency") or 0) > 1 for trial in trials):
+    if over_ceiling(result):
         warnings.append("a trial measured faster than its roofline ceiling: the ceiling is suspect")
     headline = (f"best {metrics['output_tokens_per_s']:.1f} output tok/s" if metrics.get("output_tokens_per_s")
                 else "no best configuration")
-    return f"{headline}; {served} of {len(trials)} trials served", warnings
+    return f"{headline}; {_served(trials)}", warnings
 
 
 def _serve_sweep(result: dict) -> tuple[str, list[str]]:
-    trials = result.get("trials") or []
-    served = sum(trial.get("status") == "ok" for trial in trials)
     recipe = result.get("recipe") or {}
     engine = result.get("engine") or {}
     measured = recipe.get("measured") or {}
@@ -63,7 +65,7 @@ def _serve_sweep(result: dict) -> tuple[str, list[str]]:
     if correctness and correctness.get("verdict") not in (None, "agree"):
         warnings.append(f"correctness: {correctness.get('verdict')}")
     return (f"recipe on {engine.get('name', '?')} {engine.get('version') or ''}: "
-            f"{measured.get('output_tokens_per_s') or 0:.1f} output tok/s; {served} of {len(trials)} trials served",
+            f"{measured.get('output_tokens_per_s') or 0:.1f} output tok/s; {_served(result.get('trials') or [])}",
             warnings)
 
 

@@ -157,13 +157,15 @@ def eligible_nodes(job: AdaptationJob) -> list[Node]:
     return list(nodes)
 
 
-def dispatch_job(job_id: int) -> None:
-    """Control-plane entry point for a new job: start it and fan out its first stage."""
+def dispatch_job(job_id: int) -> bool:
+    """Control-plane entry point for a new job: start it and fan out its first stage. False when there was
+    nothing to start (deleted, cancelled before it started, or already dispatched by a redelivery)."""
     job = AdaptationJob.objects.filter(pk=job_id).first()
     if job is None or not job.start():
-        return  # deleted, cancelled before it started, or already dispatched by a redelivery
+        return False
     job.append_log("started")
     advance_job(job.pk)
+    return True
 
 
 @transaction.atomic
@@ -379,9 +381,7 @@ def reconcile_jobs() -> dict[str, int]:
     settled = {"dispatched": 0, "advanced": 0, "failed": 0}
     for job_id in AdaptationJob.objects.filter(status=JobStatus.QUEUED, created__lt=cutoff).values_list("pk",
                                                                                                        flat=True):
-        if AdaptationJob.objects.get(pk=job_id).status == JobStatus.QUEUED:
-            dispatch_job(job_id)
-            settled["dispatched"] += 1
+        settled["dispatched"] += dispatch_job(job_id)
     running = AdaptationJob.objects.filter(status=JobStatus.RUNNING, started__lt=cutoff).exclude(
         stage_runs__status__in=list(ACTIVE_STATUSES))
     for job in running.distinct():

@@ -11,7 +11,7 @@ from django.views.decorators.http import require_POST
 from ..jobs import services as jobs
 from ..models import ServingEndpoint, StageRun
 from ..sweeps.pages import json_download, report_run
-from ..teams.services import is_team_admin
+from ..teams.services import may_change
 from .forms import EndpointBenchForm, ServingEndpointForm
 from .services import ENDPOINT_REPORT_KIND, endpoint_report_context
 
@@ -63,7 +63,7 @@ def endpoint_bench(request, pk):
 @require_POST
 def endpoint_delete(request, pk):
     endpoint = _endpoint(request, pk)
-    if endpoint.created_by_id != request.user.pk and not is_team_admin(request.user, endpoint.team):
+    if not may_change(request.user, endpoint):
         messages.error(request, "Only the endpoint's creator or a team admin can delete it.")
         return redirect("endpoint-list")
     endpoint.delete()

@@ -30,3 +30,8 @@ def rotate_api_token(user) -> Token:
     """A new token for the user; the old one stops working."""
     Token.objects.filter(user=user).delete()
     return Token.objects.create(user=user)
+
+
+def may_change(user, row) -> bool:
+    """Rows a member made for the team (virtual backends, serving endpoints): its creator or a team admin."""
+    return row.created_by_id == user.pk or is_team_admin(user, row.team)

@@ -15,6 +15,15 @@ from pathlib import Path
 from ..models import build_random_model, load_config, reduce_config
 
 
+def vocab_size(config: dict) -> int:
+    """The vocabulary prompts' token ids are drawn from (a multimodal config keeps it in its text_config)."""
+    text = config.get("text_config") or config
+    vocab = text.get("vocab_size") or config.get("vocab_size")
+    if not isinstance(vocab, int) or vocab < 8:
+        raise ValueError("the model's config.json gives no vocab_size to draw prompt token ids from")
+    return vocab
+
+
 def write_validation_checkpoint(config: dict, folder: Path, *, seed: int = 0, reduce: bool = True) -> dict:
     """Write the checkpoint into ``folder``; returns what it is (architecture, layers, vocabulary, notes).
     ``reduce=False`` writes the config as given (a benchmark's model of a chosen size)."""

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from ..parameters import Parameter, validate
 from ..sweep.metrics import DEFINITIONS, summarize
 from ..sweep.workload import Workload
+from .checkpoint import vocab_size
 from .client import Endpoint, run_requests
 
 MAX_CONCURRENCIES = 16
@@ -51,21 +52,13 @@ class EndpointBenchFailed(RuntimeError):
     pass
 
 
-def _vocab_size(config: dict) -> int:
-    text = config.get("text_config") or config
-    vocab = text.get("vocab_size") or config.get("vocab_size")
-    if not isinstance(vocab, int) or vocab < 8:
-        raise ValueError("the model's config.json gives no vocab_size to draw prompt token ids from")
-    return vocab
-
-
 def endpoint_bench(params: dict, progress) -> dict:
     params = validate("endpoint_bench", PARAMETERS, params, control=True)
     params = {**{parameter.name: parameter.default for parameter in PARAMETERS}, **params}
     for key in ("config", "base_url", "served_model"):
         if not params.get(key):
             raise ValueError(f"an endpoint benchmark needs {key} (the control plane fills it from the endpoint)")
-    vocab = _vocab_size(params["config"])
+    vocab = vocab_size(params["config"])
     endpoint = Endpoint(params["base_url"], params["served_model"], api_key=params.get("api_key") or None,
                         ignore_eos=params["ignore_eos"])
     workload = Workload.from_dict(params["workload"])

@@ -22,17 +22,17 @@ ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 DEFAULT_BATCHED_TOKENS = 2048
 
 
-def served_precision(checkpoint: Path, settings: dict) -> str | None:
+def served_precision(config: dict, settings: dict) -> str | None:
     dtype = settings.get("dtype", "auto")
     if dtype == "auto":
-        config = json.loads((checkpoint / "config.json").read_text())
         dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
     return PRECISIONS.get(str(dtype))
 
 
 def prediction(checkpoint: Path, best: dict, lengths: list[tuple[int, int]], hardware: dict | None) -> dict:
     """``{"available": False, "reason"}``, or the ceiling next to the measurement."""
-    precision = served_precision(checkpoint, best["settings"])
+    config = json.loads((checkpoint / "config.json").read_text())
+    precision = served_precision(config, best["settings"])
     flops = ((hardware or {}).get("flops_per_s") or {}).get(precision)
     bandwidth = (hardware or {}).get("memory_bandwidth_bytes_per_s")
     if not hardware or not flops or not bandwidth:
@@ -45,7 +45,7 @@ def prediction(checkpoint: Path, best: dict, lengths: list[tuple[int, int]], har
     from ..models.loading import build_meta_model, load_config
 
     element = ELEMENT_BYTES[precision]
-    model = build_meta_model(load_config(json.loads((checkpoint / "config.json").read_text())))
+    model = build_meta_model(load_config(config))
     cost = model_cost(model, lambda module, parameter: element, element)
     concurrency = best["workload"].get("concurrency") or best["settings"].get("max_num_seqs", 1)
     batched = best["settings"].get("max_num_batched_tokens") or DEFAULT_BATCHED_TOKENS

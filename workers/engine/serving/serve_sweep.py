@@ -28,7 +28,7 @@ from ..sweep import check_hardware
 from ..sweep.metrics import DEFINITIONS, summarize
 from ..sweep.search import SEARCHES, Space
 from ..sweep.workload import Workload
-from .checkpoint import write_validation_checkpoint
+from .checkpoint import vocab_size, write_validation_checkpoint
 from .client import Endpoint, run_requests
 from .correctness import check_correctness
 from .engines import KNOWN, configured_engines
@@ -194,6 +194,8 @@ class Session:
         self.max_model_len = max_model_len
         self.launcher = LAUNCHERS[engine.name]
         self.starts = 0
+        # Read once: every trial's prompts and the correctness check draw token ids below it.
+        self.vocab = vocab_size(json.loads((checkpoint / "config.json").read_text()))
 
     def settings(self, settings: dict) -> dict:
         filled = dict(settings)
@@ -226,7 +228,7 @@ def run_trials(session: Session, settings: dict, clients: list[dict], workload: 
         server.start()
         progress(f"starting {session.engine.name} ({', '.join(f'{k}={v}' for k, v in settings.items())})")
         startup_s = server.wait_healthy(startup_timeout_s)
-        vocab = _vocab_size(session.checkpoint)
+        vocab = session.vocab
         # The closed loop's default concurrency is what the engine batches at most, as the proxy sweep's is.
         batch = settings.get("max_num_seqs", 1)
         for offset, client in enumerate(clients):
@@ -265,12 +267,6 @@ def run_trials(session: Session, settings: dict, clients: list[dict], workload: 
     finally:
         server.stop()
     return trials
-
-
-def _vocab_size(checkpoint: Path) -> int:
-    config = json.loads((checkpoint / "config.json").read_text())
-    text = config.get("text_config") or config
-    return int(text.get("vocab_size") or config["vocab_size"])
 
 
 def best_trial(trials: list[dict], workload: Workload) -> dict | None:
@@ -370,14 +366,14 @@ def serve_sweep(params: dict, progress) -> dict:
         try:
             client_workload = Workload.from_dict({**workload.as_dict(), **best["client"]})
             lengths = [(len(request.prompt_ids), request.output_tokens)
-                       for request in client_workload.measured_requests(_vocab_size(checkpoint))]
+                       for request in client_workload.measured_requests(session.vocab)]
             predicted = prediction(checkpoint, best, lengths, params.get("hardware"))
         except Exception as error:  # the prediction is beside the measurement; its failure is said, not fatal
             predicted = {"available": False, "reason": f"the cost model failed: {type(error).__name__}: {error}"}
         correctness = None
         if params["correctness"]:
             progress(0.87, "checking correctness: greedy tokens of the engine and of transformers")
-            correctness = check_correctness(session, best["settings"], vocab=_vocab_size(checkpoint),
+            correctness = check_correctness(session, best["settings"], vocab=session.vocab,
                                             tokens=params["correctness_tokens"],
                                             startup_timeout_s=params["startup_timeout_s"])
     progress(1.0, "done")

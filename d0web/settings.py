@@ -186,8 +186,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PARSER_CLASSES": [
         "adaptation.api.parsers.JSONParser",
-        "rest_framework.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
+        "adaptation.api.parsers.FormParser",
+        "adaptation.api.parsers.MultiPartParser",
     ],
     "DEFAULT_FILTER_BACKENDS": [
         "adaptation.filtersets.TeamScopedFilterBackend",
@@ -195,7 +195,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "adaptation.api.schema.D0AutoSchema",
     "EXCEPTION_HANDLER": "adaptation.api.errors.exception_handler",
 }
 

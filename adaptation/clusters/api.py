@@ -79,15 +79,23 @@ class JoinTokenSerializer(serializers.ModelSerializer):
     cluster = TeamScopedRelatedField(queryset=Cluster.objects.all())
     hours = serializers.FloatField(write_only=True, min_value=0.1, max_value=24 * 30, required=False,
                                    help_text="How long it lets nodes join (default D0_JOIN_TOKEN_HOURS, 24).")
-    token = serializers.CharField(read_only=True, help_text="The whole token: in the create response only.")
-    join_command = serializers.CharField(read_only=True, help_text="In the create response only.")
     created_by = serializers.StringRelatedField(read_only=True)
 
     class Meta:
         model = JoinToken
         fields = ["id", "cluster", "token_id", "description", "hours", "created", "created_by", "expires", "revoked",
-                  "uses", "last_used", "token", "join_command"]
+                  "uses", "last_used"]
         read_only_fields = ["token_id", "created", "expires", "revoked", "uses", "last_used"]
+
+
+class NewJoinTokenSerializer(JoinTokenSerializer):
+    """The create response: the token as every read gives it, plus the whole token and the node's command."""
+
+    token = serializers.CharField(read_only=True, help_text="The whole token: shown this once.")
+    join_command = serializers.CharField(read_only=True)
+
+    class Meta(JoinTokenSerializer.Meta):
+        fields = [*JoinTokenSerializer.Meta.fields, "token", "join_command"]
 
 
 class JoinTokenViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
@@ -105,6 +113,7 @@ class JoinTokenViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Re
         if not is_team_admin(self.request.user, cluster.team):
             raise PermissionDenied(f"Only an admin of team {cluster.team} can manage its join tokens.")
 
+    @extend_schema(responses={201: NewJoinTokenSerializer})
     def create(self, request, *args, **kwargs):
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -112,10 +121,10 @@ class JoinTokenViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Re
         self._require_admin(cluster)
         token, whole = trust.create_join_token(cluster, request.user, hours=serializer.validated_data.get("hours"),
                                                description=serializer.validated_data.get("description", ""))
-        data = JoinTokenSerializer(token, context=self.get_serializer_context()).data
-        data["token"] = whole
-        data["join_command"] = (f"D0_JOIN_TOKEN={whole} python -m workers.node --broker redis://CONTROL-PLANE:6379/0 "
-                                f"--cluster {cluster.join_name}")
+        token.token = whole
+        token.join_command = (f"D0_JOIN_TOKEN={whole} python -m workers.node --broker redis://CONTROL-PLANE:6379/0 "
+                              f"--cluster {cluster.join_name}")
+        data = NewJoinTokenSerializer(token, context=self.get_serializer_context()).data
         response = Response(data, status=status.HTTP_201_CREATED)
         response["Cache-Control"] = "no-store"
         return response
@@ -150,7 +159,9 @@ class ClusterViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
 
     def perform_create(self, serializer):
         self._require_admin(serializer.validated_data["team"])
-        serializer.save()
+        cluster = serializer.save()
+        # The answer carries the node counts, as every other read of a cluster does.
+        serializer.instance = services.with_node_counts(Cluster.objects.filter(pk=cluster.pk)).get()
 
     def perform_update(self, serializer):
         self._require_admin(serializer.instance.team)

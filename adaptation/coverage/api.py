@@ -1,7 +1,7 @@
 """Coverage reports, the operator library, virtual backends and the diff of two models: ``/api/coverage-reports/``,
 ``/api/operators/``, ``/api/virtual-backends/``, ``/api/coverage-diff/``."""
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
@@ -84,7 +84,11 @@ class VirtualBackendViewSet(CreatorOrTeamAdminMixin, mixins.CreateModelMixin, mi
 class CoverageDiffView(APIView):
     """``?a=<model>&b=<model>[&backend=...]``: the operators model a needs that model b did not."""
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(parameters=[
+        OpenApiParameter("a", int, required=True, description="A model of yours: the operators it needs ..."),
+        OpenApiParameter("b", int, required=True, description="... that this model of yours did not need."),
+        OpenApiParameter("backend", str, description="Only operators not verified on this backend (e.g. cpu)."),
+    ], responses={200: dict})
     def get(self, request):
         models = ModelSpec.objects.for_user(request.user)
         try:

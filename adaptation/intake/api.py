@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 from .. import filtersets
 from ..api.base import TeamField, TeamScopedRelatedField, TeamScopedViewSet, ValidatedModelSerializer
 from ..api.errors import ConflictError
+from ..api.schema import CONFLICT
 from ..jobs import services as jobs
 from ..jobs.api import JobDetailSerializer
 from ..models import Cluster, ModelPlan, ModelSpec
@@ -128,7 +129,7 @@ class ModelSpecViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Re
     def perform_create(self, serializer):
         serializer.save(created_by=self.request.user)
 
-    @extend_schema(request=PlanRequestSerializer, responses={201: ModelPlanSerializer})
+    @extend_schema(request=PlanRequestSerializer, responses={201: ModelPlanSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def plan(self, request, pk=None):
         """Plan the model on one of your clusters or a what-if one; the prediction is kept (``/api/model-plans/``)."""

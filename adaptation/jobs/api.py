@@ -11,6 +11,7 @@ from workers.engine.stages import parameters_json_schema
 from .. import filtersets
 from ..api.base import TeamScopedRelatedField, TeamScopedViewSet
 from ..api.errors import as_drf_validation_error
+from ..api.schema import CONFLICT
 from ..choices import StageKind
 from ..models import AdaptationJob, Cluster, ModelSpec, StageRun
 from . import services
@@ -44,7 +45,7 @@ class JobSerializer(serializers.ModelSerializer):
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     submitted_by = serializers.StringRelatedField(read_only=True)
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
-    model_name = serializers.CharField(source="model.name", read_only=True, default=None)
+    model_name = serializers.CharField(source="model.name", read_only=True, default=None, allow_null=True)
 
     class Meta:
         model = AdaptationJob
@@ -99,13 +100,13 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
             return queryset.defer("log", "error_traceback", "model__config", "model__analysis")
         return queryset.prefetch_related("stage_runs")
 
-    @extend_schema(request=None, responses={200: JobDetailSerializer})
+    @extend_schema(request=None, responses={200: JobDetailSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         job = services.cancel_job(self.get_object(), request.user)
         return Response(JobDetailSerializer(job, context=self.get_serializer_context()).data)
 
-    @extend_schema(request=None, responses={201: JobDetailSerializer})
+    @extend_schema(request=None, responses={201: JobDetailSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def retry(self, request, pk=None):
         job = services.retry_job(self.get_object(), request.user)

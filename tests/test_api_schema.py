@@ -123,3 +123,10 @@ def test_a_nul_in_a_form_field_is_a_400_not_a_500(owner_api, cluster, field, con
     assert response.status_code == 400 and "NUL" in response.json()["detail"]
     endpoint.refresh_from_db()
     assert endpoint.name == "vllm-a"
+
+
+def test_a_form_with_too_many_fields_is_a_json_400(owner_api, settings):
+    # Found by a longer run: Django refused it with its HTML error page, which no API client can read.
+    body = urlencode([("stages", "env_probe")] * (settings.DATA_UPLOAD_MAX_NUMBER_FIELDS + 1))
+    response = owner_api.generic("POST", "/api/jobs/", body, content_type="application/x-www-form-urlencoded")
+    assert response.status_code == 400 and "DATA_UPLOAD_MAX_NUMBER_FIELDS" in response.json()["detail"]

@@ -1,7 +1,7 @@
 """Every API error is JSON: field errors as ``{"field": ["message"]}``, others as ``{"detail": "..."}``."""
 
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import ProtectedError
 from django.http import JsonResponse
@@ -43,6 +43,9 @@ def exception_handler(exc, context):
         exc = as_drf_validation_error(exc)
     elif isinstance(exc, Conflict):
         exc = ConflictError(str(exc))
+    elif isinstance(exc, TooManyFieldsSent | TooManyFilesSent):
+        # Django's own 400 for these is its HTML error page; an API client gets the reason as JSON.
+        exc = ParseError(str(exc))
     elif isinstance(exc, RequestDataTooBig):
         exc = ParseError(f"Request body is over the {settings.DATA_UPLOAD_MAX_MEMORY_SIZE / 2**20:.1f} MiB limit.")
     elif isinstance(exc, ProtectedError):

@@ -161,6 +161,11 @@ D0_MAX_CONFIG_BYTES = env_int("D0_MAX_CONFIG_BYTES", 2 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = D0_MAX_CONFIG_BYTES + 256 * 1024
 FILE_UPLOAD_MAX_MEMORY_SIZE = D0_MAX_CONFIG_BYTES + 256 * 1024
 D0_MAX_REQUEST_BYTES = env_int("D0_MAX_REQUEST_BYTES", 4 * D0_MAX_CONFIG_BYTES)
+# An uploaded config is analysed in a child process of the web worker that has torch and transformers (the web
+# worker itself imports neither): the request waits at most D0_ANALYSIS_TIMEOUT_S for it (the first analysis of a
+# process includes the child's start, ~3-8 s), and the child exits after D0_ANALYSIS_IDLE_S without a request.
+D0_ANALYSIS_TIMEOUT_S = env_float("D0_ANALYSIS_TIMEOUT_S", 60.0)
+D0_ANALYSIS_IDLE_S = env_float("D0_ANALYSIS_IDLE_S", 300.0)
 
 # Production hardening, switched on by environment (check --deploy reads these).
 SECURE_SSL_REDIRECT = env_bool("D0_SECURE_SSL_REDIRECT", False)

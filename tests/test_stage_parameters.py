@@ -198,3 +198,11 @@ def test_the_model_page_offers_coverage_and_sweep_jobs(member, model_spec):
     page = client.get(f"/models/{model_spec.pk}/").content.decode()
     assert f"/jobs/new/?model={model_spec.pk}&amp;stages=op_coverage" in page and "Run op coverage" in page
     assert "stages=env_check&amp;stages=sweep" in page and "Run a sweep" in page
+
+
+def test_the_proxy_backends_a_sweep_accepts_are_the_ones_it_has():
+    # The names are declared without torch (the web tier checks them); the backends themselves import it.
+    from workers.engine.sweep import PROXY_BACKENDS
+    from workers.engine.sweep.backends import BACKENDS
+
+    assert tuple(BACKENDS) == PROXY_BACKENDS

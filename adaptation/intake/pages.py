@@ -69,9 +69,7 @@ def model_catalog_add(request, slug):
 @login_required
 def model_detail(request, pk):
     spec = get_object_or_404(ModelSpec.objects.for_user(request.user).select_related("team", "created_by"), pk=pk)
-    if spec.analysis is None:  # a row from before analyses were stored
-        spec.full_clean()
-        spec.save(update_fields=["analysis"])
+    services.analysed(spec)
     form = PlanForm(request.POST or request.GET or None)
     what_if = None
     if form.is_bound and form.is_valid():

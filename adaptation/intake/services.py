@@ -2,7 +2,8 @@
 object at the top), adding a model from the catalog, and plans for serving a model on one of the team's clusters
 (its registered devices and measured bandwidth) or on a what-if cluster described by hand ("8 × H200 per node").
 The engine's analysis and planner (``workers/engine/analysis``) do the work; a model is analysed in
-``ModelSpec.clean()`` on every upload."""
+``ModelSpec.clean()`` on every upload, in the analysis process (``analysis``), and planned from that stored
+analysis."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import json
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
-from workers.engine.analysis import ConfigError, analyze
+from workers.engine.analysis import plan_from_analysis
 from workers.engine.parameters import MAX_DEPTH, nesting_depth
 
 from ..choices import NodeStatus
@@ -111,11 +112,19 @@ def cluster_devices(cluster: Cluster) -> dict | None:
     }
 
 
+def analysed(spec: ModelSpec) -> dict:
+    """The model's stored analysis; made again (and stored) for a row from before analyses were stored, or from
+    before they held what the planner needs."""
+    if spec.analysis is None or "planner" not in spec.analysis:
+        spec.analysis = None
+        spec.full_clean()
+        spec.save(update_fields=["analysis"])
+    return spec.analysis
+
+
 def plan(spec: ModelSpec, devices: dict, precision: str, workload: dict | None = None) -> dict:
     try:
-        return analyze(spec.config, devices=devices, precision=precision, workload=workload)["plans"]
-    except ConfigError as error:
-        raise ValidationError(str(error)) from None
+        return plan_from_analysis(analysed(spec), devices, precision, workload)
     except ValueError as error:  # the planner's own bounds (device counts, memory, concurrency)
         raise ValidationError(str(error)) from None
 

@@ -46,12 +46,17 @@ class ModelSpec(models.Model):
         if isinstance(self.config, dict) and (self.analysis is None or self._config_changed()):
             # The analysis is the config's validation too: a config it cannot read is refused with its reason
             # (it checks every dimension's range before building anything, so this never hangs or allocates).
-            from workers.engine.analysis import ConfigError, analyze
+            # It runs in the analysis process (torch and transformers stay out of the web tier).
+            from workers.engine.analysis.worker import AnalysisFailed
+
+            from ..intake.analysis import analyze
 
             try:
                 self.analysis = analyze(self.config)
-            except ConfigError as error:
+            except ValueError as error:  # ConfigError is a ValueError
                 raise ValidationError({"config": f"d0 cannot read this config: {error}"}) from None
+            except AnalysisFailed as error:
+                raise ValidationError({"config": f"d0 could not analyse this config: {error}"}) from None
 
     def _config_changed(self) -> bool:
         if self.pk is None:

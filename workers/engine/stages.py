@@ -3,7 +3,8 @@ parameters (``parameters.Parameter``).
 
 ``progress(fraction, message)`` reports how far the stage is (0..1). The control plane's choices, its check of a
 job's parameters, the job form, the OpenAPI schema and the node task all read this registry, so a kind and what it
-takes exist in one place.
+takes exist in one place. Importing it imports neither torch nor transformers (the web tier reads it in every
+process): each capability package declares its stages without them and imports them when a stage runs.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ STAGES: dict[str, StageSpec] = {
     "env_probe": StageSpec(envcheck.env_probe, gated=False),
     "env_check": StageSpec(envcheck.env_check, gated=False, parameters=envcheck_report.PARAMETERS),
     "op_coverage": StageSpec(coverage.op_coverage, gated=True, needs_model=True,
-                             parameters=coverage.report.PARAMETERS),
+                             parameters=coverage.PARAMETERS),
     "sharded_run": StageSpec(sharding.shard_stage, gated=True, needs_model=True, placement="group",
                              parameters=sharding.PARAMETERS),
     "sweep": StageSpec(sweep.sweep_stage, gated=True, needs_model=True, placement="one", parameters=sweep.PARAMETERS),

@@ -6,6 +6,8 @@ and, given a cluster, plans parallel layouts. Nothing is downloaded and no code 
 """
 
 from .config_loading import ConfigError, load_config_file
+from .planner import plan_from_analysis
 from .report import analyze, kv_cache_model, kv_tokens_that_fit
 
-__all__ = ["ConfigError", "analyze", "kv_cache_model", "kv_tokens_that_fit", "load_config_file"]
+__all__ = ["ConfigError", "analyze", "kv_cache_model", "kv_tokens_that_fit", "load_config_file",
+           "plan_from_analysis"]

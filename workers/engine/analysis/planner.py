@@ -25,9 +25,9 @@ from itertools import accumulate
 
 from ..envcheck.peaks import published_peak, peaks_by_memory
 from .config_loading import ConfigView
-from .kv_cache import KvCache, kv_bytes_per_element
+from .kv_cache import KvCache, KvLayer, kv_bytes_per_element
 from .layers import Layout
-from .memory import precision_named, tensor_bytes
+from .memory import PRECISIONS, precision_named, tensor_bytes
 from .parameters import TensorRecord
 
 GIB = 2**30
@@ -182,6 +182,53 @@ def planner_model(records: list[TensorRecord], view: ConfigView, layout: Layout,
         top_k, view.dim("hidden_size"), view.dim("vocab_size"),
         max(dense_width, top_k * moe_width + shared_width) if layout.moe_layers else dense_width,
         tuple(sharded), tuple(replicated), tuple(expert), embedding, lm_head or embedding, not lm_head, top, kv)
+
+
+# What a PlannerModel is besides its byte counts: the same at every precision.
+DIMENSIONS = ("layers", "heads", "kv_heads", "mla", "experts", "experts_per_token", "hidden", "vocab", "ffn_width",
+              "tied")
+BYTE_COUNTS = ("sharded", "replicated", "expert", "embedding", "output_head", "top_replicated")
+
+
+def planner_inputs(records: list[TensorRecord], view: ConfigView, layout: Layout, kv: KvCache) -> dict:
+    """What the planner needs of a model, as JSON: its dimensions, its byte counts at every precision and its KV
+    cache per layer. The analysis stores it, so a plan for any cluster is made from the stored analysis
+    (``plan_from_analysis``) without building the model again (nor importing torch or transformers)."""
+    models = {name: planner_model(records, view, layout, kv, name) for name in PRECISIONS}
+    any_model = next(iter(models.values()))
+    return {
+        **{name: getattr(any_model, name) for name in DIMENSIONS},
+        "bytes": {precision: {name: _json(getattr(model, name)) for name in BYTE_COUNTS}
+                  for precision, model in models.items()},
+        "kv_layers": [asdict(layer) for layer in kv.layers],
+    }
+
+
+def _json(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _model_from_inputs(inputs: dict, precision: str) -> PlannerModel:
+    precision_named(precision)
+    counts = inputs["bytes"][precision]
+    return PlannerModel(**{name: inputs[name] for name in DIMENSIONS},
+                        **{name: tuple(value) if isinstance(value, list) else value for name, value in counts.items()},
+                        kv=KvCache(tuple(KvLayer(**layer) for layer in inputs["kv_layers"])))
+
+
+def workload_from(workload: dict | None) -> Workload:
+    try:
+        return Workload(**(workload or {}))
+    except TypeError as error:
+        raise ValueError(f"workload: {error}") from None
+
+
+def plan_from_analysis(analysis: dict, devices, precision: str = "bf16", workload: dict | None = None) -> dict:
+    """The plans of a stored analysis (``analyze``'s report, its ``planner`` block) on ``devices`` (as
+    ``cluster_from`` reads them) at ``precision``. Raises ValueError for an unknown precision, a malformed cluster
+    or workload, KeyError for an analysis made before reports had a ``planner`` block."""
+    model = _model_from_inputs(analysis["planner"], precision)
+    return plan(model, cluster_from(devices), precision, workload_from(workload))
 
 
 def _divisors(number: int) -> list[int]:

@@ -11,7 +11,7 @@ from .layers import Layout, layer_layout
 from .mechanisms import mechanisms_of
 from .memory import precision_named, weights_report
 from .parameters import active_count, inventory_from_model, mtp_records, summarise
-from .planner import Workload, cluster_from, plan, planner_model
+from .planner import plan_from_analysis, planner_inputs, workload_from
 from .resolution import (Resolution, build_config, build_meta_model, captured_warnings, knowledge_of, resolve,
                          transformers_version)
 
@@ -108,15 +108,13 @@ def analyze(config: dict, *, devices=None, precision: str = "bf16", workload: di
     ``devices`` (a probe-style device list or {devices_per_node, nodes, device_memory_bytes[,
     memory_bandwidth_bytes_per_s, device_name]}), the parallel layouts that fit at ``precision``.
 
-    ``workload`` overrides the planner's {concurrency, context_tokens, kv_precision}. Raises ConfigError when
+    ``workload`` overrides the planner's {concurrency, context_tokens, kv_precision}. The report's ``planner`` is
+    what later plans are made from (``plan_from_analysis``), without building the model again. Raises ConfigError when
     the config cannot be analysed, ValueError for an unknown precision or a malformed cluster.
     """
     view = ConfigView(config)
     precision_named(precision)
-    try:
-        workload = Workload(**(workload or {}))
-    except TypeError as error:
-        raise ValueError(f"workload: {error}") from None
+    workload_from(workload)  # a bad workload is refused before anything is built
     config_layout = layer_layout(view)
     estimated, estimate_notes = _checked_size(view, config_layout)
     resolution = resolve(view)
@@ -165,10 +163,10 @@ def analyze(config: dict, *, devices=None, precision: str = "bf16", workload: di
         "uninterpreted_keys": _uninterpreted(view, resolution.resolved_architecture),
         "assumptions": notes,
         "warnings": warnings,
+        "planner": planner_inputs(records, view, layout, kv),
     }
     if devices is not None:
-        report["plans"] = plan(planner_model(records, view, layout, kv, precision), cluster_from(devices), precision,
-                               workload)
+        report["plans"] = plan_from_analysis(report, devices, precision, workload)
     return report
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..models import build_random_model, load_config, reduce_config
-
 
 def vocab_size(config: dict) -> int:
     """The vocabulary prompts' token ids are drawn from (a multimodal config keeps it in its text_config)."""
@@ -28,6 +26,8 @@ def write_validation_checkpoint(config: dict, folder: Path, *, seed: int = 0, re
     """Write the checkpoint into ``folder``; returns what it is (architecture, layers, vocabulary, notes).
     ``reduce=False`` writes the config as given (a benchmark's model of a chosen size)."""
     import torch
+
+    from ..models import build_random_model, load_config, reduce_config
 
     reduction = reduce_config(config, keep_latent_ranks=True) if reduce else None
     model = build_random_model(load_config(reduction.config if reduction else config), dtype=torch.bfloat16,

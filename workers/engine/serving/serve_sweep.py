@@ -33,7 +33,6 @@ from .client import Endpoint, run_requests
 from .correctness import check_correctness
 from .engines import KNOWN, configured_engines
 from .launchers import LAUNCHERS, SETTINGS, check_settings
-from .prediction import prediction
 from .server import EngineFailed, EngineServer, free_port, stop_servers_on_sigterm
 from .tensors import CheckpointRefused, check_checkpoint
 
@@ -364,6 +363,10 @@ def serve_sweep(params: dict, progress) -> dict:
             causes = sorted({f"{trial.get('cause', trial['status'])}: {trial['reason']}"[:300] for trial in trials})
             raise ServeSweepFailed(f"no configuration of {len(trials)} served its workload: " + "; ".join(causes))
         try:
+            # The cost model builds the checkpoint on torch's meta device; imported here so that the stage's
+            # declaration (PARAMETERS, checked by the web tier) is importable without torch.
+            from .prediction import prediction
+
             client_workload = Workload.from_dict({**workload.as_dict(), **best["client"]})
             lengths = [(len(request.prompt_ids), request.output_tokens)
                        for request in client_workload.measured_requests(session.vocab)]

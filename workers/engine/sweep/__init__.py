@@ -3,7 +3,9 @@ serving metrics (TTFT, TPOT, ITL, E2E latency, throughput, goodput, peak memory;
 ``metrics``) and a roofline (predicted ceiling time, efficiency, memory- or compute-bound; see ``roofline``).
 
 ``run_sweep(config, grid=..., workload=..., search="grid"|"smart")`` is the entry point; ``sweep_stage`` is the same
-as a node stage. Plain Python + torch + transformers: no Django, so it runs on bare GPU nodes.
+as a node stage. Plain Python + torch + transformers: no Django, so it runs on bare GPU nodes. Importing the package
+imports neither (the stage's ``PARAMETERS`` are checked by the control plane and the web tier): the backends, the
+roofline and torch are imported when a sweep runs.
 
     grid = {"precision": ["fp32", "bf16"], "batch_size": [1, 2, 4], "page_size": [16, 32],
             "max_batch_tokens": [256]}
@@ -14,21 +16,25 @@ as a node stage. Plain Python + torch + transformers: no Django, so it runs on b
 from __future__ import annotations
 
 import gc
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..parameters import Parameter, device_string, validate
-from .backends import BACKENDS, REAL_ENGINES, Trial, TrialParams
-from .evaluation import evaluate
 from .metrics import DEFINITIONS
-from .roofline import hardware_figures
-from .search import GRID_KEYS, SEARCHES, best_trial, configurations
+from .search import GRID_KEYS, SEARCHES, TrialParams, best_trial, configurations
 from .workload import Workload
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_CONFIGURATIONS = 4096
 # One run of a trial can be 6x off another on a busy node (issue 14 saw batch 2 at 132 tok/s, batch 1 at 815): the
 # median of three is the figure, and the spread says how far to trust it.
 REPEATS = 3
+# The proxy's backends (``backends.BACKENDS``, which imports torch, is keyed by these names).
+PROXY_BACKENDS = ("transformers",)
+# Real serving engines are external programs on the node, served and benchmarked by the serve_sweep stage
+# (``workers.engine.serving``); the proxy sweep only ever serves the reduced model in d0's own process.
+REAL_ENGINES = ("vllm", "sglang")
 
 
 def _grid(grid: dict) -> None:
@@ -54,8 +60,8 @@ def _backend(name: str) -> None:
     if name in REAL_ENGINES:
         raise ValueError(f"{name} is a real serving engine: run the serve_sweep stage on a node started with "
                          f"--engine {name}=PYTHON (the proxy sweep serves the reduced model on transformers)")
-    if name not in BACKENDS:
-        raise ValueError(f"one of {', '.join(BACKENDS)}, not {name!r}")
+    if name not in PROXY_BACKENDS:
+        raise ValueError(f"one of {', '.join(PROXY_BACKENDS)}, not {name!r}")
 
 
 PARAMETERS = (
@@ -82,6 +88,8 @@ PARAMETERS = (
 
 def resolve_device(device) -> torch.device:
     """The device to serve on: the given one, else the first accelerator torch sees, else the CPU."""
+    import torch
+
     if device is not None:
         return torch.device(device)
     if torch.cuda.is_available():
@@ -126,6 +134,10 @@ def run_sweep(config: dict, *, grid: dict, workload: dict, search: str = "grid",
     FLOP/s used, where each came from, the formulas), ``model``, ``backend``, ``backends``, ``workload``, ``grid``
     and ``metric_definitions``.
     """
+    from .backends import BACKENDS, Trial
+    from .evaluation import evaluate
+    from .roofline import hardware_figures
+
     progress = progress or _no_progress
     if search not in SEARCHES:
         raise ValueError(f"search must be one of {', '.join(SEARCHES)}, not {search!r}")

@@ -14,7 +14,7 @@ import math
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,6 +22,7 @@ from ..models.loading import build_random_model, causal_lm_config, load_config
 from .metrics import RequestRecord
 from .benchmark_model import PRECISIONS, benchmark_config, dynamic_int8_unsupported, quantize_dynamic_int8
 from .roofline import ModelCost, model_cost
+from .search import TrialParams
 from .workload import Request, Workload
 
 # torch's messages for an allocation failure: CUDA/HIP/XPU/MPS say "out of memory", the CPU allocator "not enough
@@ -29,22 +30,6 @@ from .workload import Request, Workload
 OUT_OF_MEMORY_MARKERS = ("out of memory", "not enough memory")
 # How often the request loop wakes when nothing is due, to sample memory and check the deadline.
 POLL_SECONDS = 0.05
-
-
-@dataclass(frozen=True)
-class TrialParams:
-    """One configuration. ``batch_size``: requests served per step at most (transformers' max_requests_per_batch,
-    vLLM's max_num_seqs), and the closed loop's concurrency unless the workload sets its own; ``page_size``: tokens
-    per KV-cache page (block); ``max_batch_tokens``: tokens per forward step at most (longer prefills are chunked);
-    ``precision``: fp32, bf16, fp16 or int8 (dynamic)."""
-
-    precision: str
-    batch_size: int
-    page_size: int
-    max_batch_tokens: int
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -381,9 +366,7 @@ def _decode_wave(model, wave: list[Request], device: torch.device, deadline: flo
     return times
 
 
+# Keyed by the names the sweep's parameters accept (``sweep.PROXY_BACKENDS``, declared without torch).
 BACKENDS: dict[str, type[BenchmarkBackend]] = {
     "transformers": TransformersContinuousBatching,
 }
-# Real serving engines are external programs on the node, served and benchmarked by the serve_sweep stage
-# (``workers.engine.serving``); the proxy sweep only ever serves the reduced model in d0's own process.
-REAL_ENGINES = ("vllm", "sglang")

@@ -18,16 +18,32 @@ import itertools
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from .backends import TrialParams
 from .workload import Workload
 
 GRID_KEYS = ("precision", "batch_size", "page_size", "max_batch_tokens")
 GRID_DEFAULTS = {"precision": ["fp32"], "batch_size": [1, 2, 4], "page_size": [16], "max_batch_tokens": [256]}
 OBJECTIVE = "output_tokens_per_s"
 ETA = 3
+
+
+@dataclass(frozen=True)
+class TrialParams:
+    """One configuration. ``batch_size``: requests served per step at most (transformers' max_requests_per_batch,
+    vLLM's max_num_seqs), and the closed loop's concurrency unless the workload sets its own; ``page_size``: tokens
+    per KV-cache page (block); ``max_batch_tokens``: tokens per forward step at most (longer prefills are chunked);
+    ``precision``: fp32, bf16, fp16 or int8 (dynamic)."""
+
+    precision: str
+    batch_size: int
+    page_size: int
+    max_batch_tokens: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
 
 RunTrial = Callable[[Any, Workload], dict]
 Progress = Callable[[float, str], None]

@@ -94,7 +94,8 @@ class AdaptationJob(StatusTransitions):
 
     class Meta:
         ordering = ["-created"]
-        indexes = [models.Index(fields=["team", "-created"])]
+        # -finished: the API orders by it (?ordering=-finished), a whole team's jobs otherwise sorted per request.
+        indexes = [models.Index(fields=["team", "-created"]), models.Index(fields=["team", "-finished"])]
 
     def __str__(self):
         return f"Job {self.pk} ({', '.join(self.stages)} on {self.cluster})"

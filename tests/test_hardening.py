@@ -5,8 +5,10 @@ refusing to run on the zero-setup secret."""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -58,6 +60,48 @@ def test_health_needs_no_broadcast_and_tells_strangers_only_up(anon_api, member_
     assert (response.status_code, response.json()) == (200, {"status": "up"})
     assert time.perf_counter() - started < 0.5
     assert member_api.get("/api/status/").json()["workers"] == {"control": 0, "node": 1}
+
+
+def test_health_asks_the_broker_once_per_interval_and_sees_it_go_down_and_come_back(anon_api, member_api, monkeypatch):
+    """Through a real broker (the embedded Valkey server): the requests within one check interval open one broker
+    connection between them, a stopped broker is reported down, and a restarted one up at the next check."""
+    import redis
+
+    from adaptation.api import health
+    from adaptation.jobs import services
+    from d0web import embedded_broker
+
+    var = Path(tempfile.mkdtemp(prefix="d0-health-"))  # short: a unix socket's path is at most 107 bytes
+    monkeypatch.setattr(services.celery_app().conf, "broker_url", embedded_broker.broker_url(var))
+    health.broker_check.forget()
+    server = embedded_broker.start(var)
+    try:
+        stats = redis.Redis(unix_socket_path=str(embedded_broker.socket_path(var)))
+        opened = stats.info("stats")["total_connections_received"]
+        for _ in range(5):
+            assert anon_api.get("/api/status/").json() == {"status": "up"}
+        assert member_api.get("/api/status/").json()["broker"] == "ok"
+        assert stats.info("stats")["total_connections_received"] - opened == 1  # INFO reuses its connection
+        stats.close()
+
+        server.terminate()
+        server.wait(timeout=10)
+        # Within the interval, the last answer stands; at the next check the broker is down.
+        assert anon_api.get("/api/status/").status_code == 200
+        health.broker_check.forget()
+        down = member_api.get("/api/status/")
+        assert down.status_code == 503 and down.json()["status"] == "down"
+        assert down.json()["broker"].startswith("error:") and down.json()["database"] == "ok"
+        assert anon_api.get("/api/status/").json() == {"status": "down"}
+
+        server = embedded_broker.start(var)
+        health.broker_check.forget()
+        assert anon_api.get("/api/status/").json() == {"status": "up"}
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        health.broker_check.forget()
+        shutil.rmtree(var, ignore_errors=True)
 
 
 def test_a_body_over_the_cap_is_refused_before_it_is_read(member_api, member, settings):

@@ -43,36 +43,36 @@ def queries_for(fetch) -> int:
 
 
 API_LISTS = {
-    # Each: COUNT(*) for the paginator, then one SELECT of the page (scoped by a join to the user's
-    # memberships, related rows joined in, cluster node counts as annotations).
-    "/api/clusters/": 2,
-    "/api/nodes/": 2,
-    "/api/devices/": 2,
-    "/api/links/": 2,
-    "/api/models/": 2,
-    "/api/jobs/": 2,
-    "/api/stage-runs/": 2,
-    "/api/env-reports/": 2,
-    "/api/model-plans/": 2,
-    "/api/coverage-reports/": 2,
-    "/api/operators/": 2,
-    "/api/virtual-backends/": 2,
-    "/api/sweep-reports/": 2,
+    # Each: the user's team ids (read once per request), COUNT(*) for the paginator, then one SELECT of the page
+    # (scoped by team_id IN those ids, related rows joined in, cluster node counts as annotations).
+    "/api/clusters/": 3,
+    "/api/nodes/": 3,
+    "/api/devices/": 3,
+    "/api/links/": 3,
+    "/api/models/": 3,
+    "/api/jobs/": 3,
+    "/api/stage-runs/": 3,
+    "/api/env-reports/": 3,
+    "/api/model-plans/": 3,
+    "/api/coverage-reports/": 3,
+    "/api/operators/": 3,
+    "/api/virtual-backends/": 3,
+    "/api/sweep-reports/": 3,
 }
 
 PAGES = {
-    # Every page starts with 2: the session row and the user row.
+    # Every page starts with 3: the session row, the user row and the user's team ids (read once per request).
     # Dashboard: clusters with annotated node counts, running jobs, recent jobs.
-    "/": 2 + 3,
+    "/": 3 + 3,
     # Clusters: the annotated cluster list.
-    "/clusters/": 2 + 1,
+    "/clusters/": 3 + 1,
     # Models: paginator COUNT(*) and the page.
-    "/models/": 2 + 2,
+    "/models/": 3 + 2,
     # Jobs: the filter form's cluster and model choices, paginator COUNT(*) and the page.
-    "/jobs/": 2 + 4,
+    "/jobs/": 3 + 4,
     # Coverage: the heatmap's newest reports, the library summary, the virtual backends, and the upload form's
     # team field (its count, the one team as default, its options).
-    "/coverage/": 2 + 6,
+    "/coverage/": 3 + 6,
 }
 
 
@@ -108,21 +108,21 @@ def test_the_cluster_page_runs_a_fixed_number_of_queries_whatever_its_node_count
     client = Client()
     client.force_login(owner)
     cluster = Cluster.objects.create(team=team, name="big")
-    # Session, user, cluster, admin check, nodes, their devices (one prefetch), the cluster's recent jobs, its join
-    # tokens (the owner is an admin), its rejected node messages.
+    # Session, user, the user's team ids, cluster, admin check, nodes, their devices (one prefetch), the cluster's
+    # recent jobs, its join tokens (the owner is an admin), its rejected node messages.
     add_nodes(cluster, 1)
-    assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/")) == 9
+    assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/")) == 10
     add_nodes(cluster, 8)
-    assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/")) == 9
+    assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/")) == 10
 
 
 def test_the_topology_page_and_endpoint_run_a_fixed_number_of_queries(owner, owner_api, team):
     client = Client()
     client.force_login(owner)
     cluster = Cluster.objects.create(team=team, name="topo")
-    # Endpoint: cluster, nodes, their devices (prefetch), latest reports (DISTINCT ON), links with ends joined.
-    # The page adds session, user and the check history.
+    # Endpoint: the user's team ids, cluster, nodes, their devices (prefetch), latest reports (DISTINCT ON), links
+    # with ends joined. The page adds session, user and the check history.
     for count in (1, 5):
         add_nodes(cluster, count)
-        assert queries_for(lambda: owner_api.get(f"/api/clusters/{cluster.pk}/topology/")) == 5
-        assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/topology/")) == 8
+        assert queries_for(lambda: owner_api.get(f"/api/clusters/{cluster.pk}/topology/")) == 6
+        assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/topology/")) == 9

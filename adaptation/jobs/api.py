@@ -14,6 +14,7 @@ from ..api.errors import as_drf_validation_error
 from ..api.schema import CONFLICT
 from ..choices import StageKind
 from ..models import AdaptationJob, Cluster, ModelSpec, StageRun
+from ..pagination import IndexedPageNumberPagination
 from . import services
 
 
@@ -87,6 +88,7 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
     filterset_class = filtersets.JobFilterSet
     ordering_fields = ["created", "status", "finished"]
     ordering = ["-created"]
+    pagination_class = IndexedPageNumberPagination
     select_related = ("team", "cluster", "model", "submitted_by")
 
     def get_serializer_class(self):

@@ -5,7 +5,6 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.core.paginator import Paginator
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -16,6 +15,7 @@ from ..choices import ACTIVE_STATUSES, STATUS_COLOURS
 from ..clusters.services import clusters_with_counts
 from ..filtersets import JobFilterSet
 from ..models import AdaptationJob, StageRun
+from ..pagination import IndexedPaginator
 from . import services
 from .forms import JobForm
 from .outcomes import outcome
@@ -35,7 +35,7 @@ def dashboard(request):
 def job_list(request):
     jobs = services.job_rows(request.user)
     filterset = JobFilterSet(request.GET or None, queryset=jobs, request=request)
-    page = Paginator(filterset.qs, settings.D0_PAGE_SIZE).get_page(request.GET.get("page"))
+    page = IndexedPaginator(filterset.qs, settings.D0_PAGE_SIZE).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
     return render(request, "adaptation/jobs/list.html", {"filter": filterset, "page": page,

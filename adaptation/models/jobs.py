@@ -94,7 +94,10 @@ class AdaptationJob(StatusTransitions):
 
     class Meta:
         ordering = ["-created"]
-        indexes = [models.Index(fields=["team", "-created"])]
+        # The lists' orders (-finished: the API's ?ordering=-finished). The ids are included so that a deep page
+        # finds its ids from the index alone (adaptation/pagination.py).
+        indexes = [models.Index(fields=["team", "-created"], include=["id"], name="job_team_created"),
+                   models.Index(fields=["team", "-finished"], include=["id"], name="job_team_finished")]
 
     def __str__(self):
         return f"Job {self.pk} ({', '.join(self.stages)} on {self.cluster})"

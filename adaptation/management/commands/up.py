@@ -24,6 +24,8 @@ from workers.protocol import control_queue
 
 from .bootstrap_demo import DEMO_TEAM, LOCAL_CLUSTER
 
+GUNICORN_CONFIG = settings.BASE_DIR / "d0web" / "gunicorn.conf.py"
+
 
 class Command(BaseCommand):
     help = "Migrate, create the demo, and run web + control-plane worker + a local node worker."
@@ -31,7 +33,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--bind", default="127.0.0.1:8000", help="address:port for the web server")
         parser.add_argument("--no-node", action="store_true", help="do not start a node worker for 'local'")
-        parser.add_argument("--web-workers", type=int, default=2)
+        parser.add_argument("--web-workers", type=int, help="gunicorn processes (default: d0web/gunicorn.conf.py's)")
 
     def handle(self, *args, bind, no_node, web_workers, **options):
         def stop(*_):
@@ -81,8 +83,9 @@ class Command(BaseCommand):
         call_command("bootstrap_demo", stdout=self.stdout)
         var = settings.VAR_DIR
         commands = {
-            "web": [sys.executable, "-m", "gunicorn", "d0web.wsgi", "--bind", bind, "--workers", str(web_workers),
-                    "--access-logfile", "-"],
+            # The production settings (README, "The web tier"), as docker-compose.yml runs them.
+            "web": [sys.executable, "-m", "gunicorn", "d0web.wsgi", "--config", str(GUNICORN_CONFIG), "--bind", bind,
+                    *(["--workers", str(web_workers)] if web_workers else []), "--access-logfile", "-"],
             "control": [sys.executable, "-m", "celery", "-A", "d0web", "worker", "--beat",
                         "--schedule", str(var / "celerybeat-schedule"), "--queues", control_queue(),
                         "--hostname", "control@%h", "--concurrency", "2", "--loglevel", "info",

@@ -103,7 +103,7 @@ class WorkerStack(Processes):
     def start_control(self) -> None:
         self.start("control", [sys.executable, "-m", "celery", "-A", "d0web", "worker", "--beat",
                                "--schedule", str(self.log_dir / "beat-schedule"), "--queues", self.control_queue,
-                               "--hostname", f"{self.prefix}-control@%h", "--concurrency", "2", "--loglevel",
+                               "--hostname", f"{self.prefix}-control@%h", "--concurrency", "4", "--loglevel",
                                "info", "--without-gossip", "--without-mingle"], self.env)
 
     def start_node(self, cluster_ref: str, hostname: str, heartbeat: float = 1.0, token: str | None = None,

@@ -108,13 +108,9 @@ def settle_runs_of_restarted_node(node: Node, registered_ts: float) -> int:
 
     before = datetime.fromtimestamp(registered_ts, tz=UTC)
     failed = 0
-    for run in StageRun.objects.select_related("job").filter(node=node, status=JobStatus.RUNNING,
-                                                              started__lt=before):
-        error = (f"Node {node.hostname} restarted while stage {run.kind} was running: the worker process that ran "
-                 "it ended, so no result will come.")
-        if run.fail(error):
-            jobs.fail_job(run.job, error)
-            failed += 1
+    for run in StageRun.objects.filter(node=node, status=JobStatus.RUNNING, started__lt=before):
+        failed += jobs.fail_stage_run(run, f"Node {node.hostname} restarted while stage {run.kind} was running: the "
+                                           "worker process that ran it ended, so no result will come.")
     return failed
 
 

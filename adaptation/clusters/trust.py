@@ -95,17 +95,26 @@ def _signed_parts(args) -> tuple[str, str, str]:
     return args[0], args[1], args[2]
 
 
+SENDER_FIELDS = ("id", "cluster_id", "hostname", "status", "public_key", "key_id", "last_signed_ts")
+
+
 def sender_of(task: str, args) -> Sender:
     """The registered node that signed this message, with its arguments; ``Rejected`` otherwise."""
     key_id, payload, signature = _signed_parts(args)
-    node = Node.objects.select_related("cluster__team").filter(key_id=key_id).first()
+    # Only what checking and applying a report needs: a node's host facts can run to kilobytes of JSON, read on
+    # every message for nothing (its cluster loads on first use, for a rejection).
+    node = Node.objects.only(*SENDER_FIELDS).filter(key_id=key_id).first()
     if node is None:
         raise UnknownKey("signed by a key no node is registered with", detail=f"key {key_id[:32]}")
     try:
         signing.verify(node.public_key, payload, signature)
     except signing.SignatureError:
         raise Rejected("bad signature", node.cluster, detail=f"claimed to be {node.hostname}") from None
-    data = _payload(payload, task, node.cluster)
+    try:
+        data = _payload(payload, task, None)
+    except Rejected as rejected:
+        rejected.cluster = node.cluster
+        raise
     return Sender(node=node, sent_at=float(data["ts"]), args=data.get("args", []))
 
 

@@ -105,7 +105,8 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
     @extend_schema(request=None, responses={200: JobDetailSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
-        job = services.cancel_job(self.get_object(), request.user)
+        services.cancel_job(self.get_object(), request.user)
+        job = self.get_object()  # as it is now, its stage runs ended too
         return Response(JobDetailSerializer(job, context=self.get_serializer_context()).data)
 
     @extend_schema(request=None, responses={201: JobDetailSerializer, 409: CONFLICT})

@@ -19,6 +19,8 @@ from traceback import format_exc
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Avg, F, FloatField, Subquery, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from workers import protocol
@@ -30,6 +32,7 @@ from ..clusters import services as clusters
 from ..clusters import trust
 from ..coverage import services as coverage
 from ..models import AdaptationJob, Cluster, ModelSpec, Node, StageRun
+from ..models.jobs import log_lines, stamped
 from ..sharding import services as sharding
 from ..serving import services as serving
 from ..sweeps import services as sweeps
@@ -80,10 +83,11 @@ def submit_job(*, team, user, cluster, stages, model=None, parameters=None, retr
         submitted_by=user,
         retry_of=retry_of,
         celery_task_id=str(uuid.uuid4()),
+        log=stamped(f"submitted by {user} to cluster {cluster.name}: {', '.join(stages)}"),
     )
-    job.full_clean()
+    # The related rows are instances the caller loaded (scoped to the team): no query to check that they exist.
+    job.full_clean(exclude=["team", "cluster", "model", "submitted_by", "retry_of"])
     job.save()
-    job.append_log(f"submitted by {user} to cluster {cluster.name}: {', '.join(job.stages)}")
     _send_on_commit(protocol.DISPATCH_JOB, [job.pk], protocol.control_queue(), job.celery_task_id)
     return job
 
@@ -121,9 +125,8 @@ def retry_job(job: AdaptationJob, user) -> AdaptationJob:
 
 @transaction.atomic
 def cancel_job(job: AdaptationJob, user) -> AdaptationJob:
-    if not job.cancel():
+    if not job.cancel(log=log_lines(f"cancelled by {user}")):
         raise Conflict(f"Job {job.pk} is already {job.status}; only a queued or running job can be cancelled.")
-    job.append_log(f"cancelled by {user}")
     _stop_stage_runs(job, JobStatus.CANCELLED)
     # The dispatch task is bookkeeping that reads the job row: revoke it but never kill it mid-write.
     _revoke_on_commit([job.celery_task_id], terminate=False)
@@ -139,11 +142,23 @@ def _stop_stage_runs(job: AdaptationJob, status: str, error: str = "") -> None:
 
 
 @transaction.atomic
-def fail_job(job: AdaptationJob, error: str, traceback: str = "") -> None:
+def fail_job(job: AdaptationJob, error: str, traceback: str = "", notes: Iterable[str] = ()) -> None:
     """Fail a job (if still active) with its reason, and stop its other stage runs."""
-    if job.fail(error, traceback):
-        job.append_log(f"failed: {error}")
+    if job.fail(error, traceback, log=log_lines(*notes, f"failed: {error}")):
         _stop_stage_runs(job, JobStatus.CANCELLED, error="job failed elsewhere")
+
+
+@transaction.atomic
+def fail_stage_run(run: StageRun, error: str) -> bool:
+    """A stage run that will send no result (its node went offline or restarted, its report was lost) fails, and
+    its job with it. The job's row is locked before the run's, as on every path that changes both (a report, a
+    cancel), so two of them never deadlock."""
+    job = _locked_job(run.job_id)
+    if not run.fail(error):
+        return False
+    if job is not None:
+        fail_job(job, error)
+    return True
 
 
 # --- dispatch -------------------------------------------------------------------------------------------
@@ -157,58 +172,83 @@ def eligible_nodes(job: AdaptationJob) -> list[Node]:
     return list(nodes)
 
 
+def _locked_job(job_id: int) -> AdaptationJob | None:
+    """The job's row, locked until the transaction ends (its cluster read in the same query, its log left out)."""
+    return (AdaptationJob.objects.select_for_update(of=("self",)).select_related("cluster")
+            .defer("log", "error_traceback").filter(pk=job_id).first())
+
+
+@transaction.atomic
 def dispatch_job(job_id: int) -> bool:
-    """Control-plane entry point for a new job: start it and fan out its first stage. False when there was
-    nothing to start (deleted, cancelled before it started, or already dispatched by a redelivery)."""
-    job = AdaptationJob.objects.filter(pk=job_id).first()
-    if job is None or not job.start():
+    """Control-plane entry point for a new job: start it and fan out its first stage, in one transaction (a
+    worker killed half-way leaves the job queued for the redelivery or the reconciler, never started with nothing
+    dispatched). False when there was nothing to start (deleted, cancelled, or already dispatched)."""
+    job = _locked_job(job_id)
+    if job is None or job.status != JobStatus.QUEUED:
         return False
-    job.append_log("started")
-    advance_job(job.pk)
+    _advance(job, [], ["started"])
     return True
 
 
 @transaction.atomic
-def advance_job(job_id: int) -> None:
+def advance_job(job_id: int, notes: Iterable[str] = ()) -> None:
     """Dispatch the next stage whose predecessors have all succeeded, or finish the job."""
-    job = AdaptationJob.objects.select_for_update().get(pk=job_id)
-    if job.status != JobStatus.RUNNING:
-        return
-    runs = list(job.stage_runs.all())
+    job = _locked_job(job_id)
+    if job is not None and job.status == JobStatus.RUNNING:
+        _advance(job, list(job.stage_runs.only(*ADVANCE_RUN_FIELDS)), list(notes))
+
+
+# What deciding a job's next step reads of its stage runs (job_id: the related manager sets each run's job).
+ADVANCE_RUN_FIELDS = ("job_id", "kind", "status", "progress")
+
+
+def _advance(job: AdaptationJob, runs: list[StageRun], notes: list[str]) -> None:
+    """The job's next step, with the row locked by the caller: wait for active runs, finish, fail, or queue the
+    next stage's runs. The job's own changes (status, progress, the log lines in ``notes``) go in one UPDATE."""
     if any(run.status in ACTIVE_STATUSES for run in runs):
-        _update_job_progress(job, runs)
+        _save_job(job, notes, progress=_job_progress(job, runs))
         return
     done = {run.kind for run in runs}
     pending = [kind for kind in job.stages if kind not in done]
     if not pending:
-        job.finish()
-        job.append_log("succeeded")
+        job.finish(log=log_lines(*notes, "succeeded"))
         return
     kind = pending[0]
     nodes = eligible_nodes(job)
     if not nodes:
         fail_job(job, f"No online node in cluster '{job.cluster.name}' can run stage {kind}. Start a node worker "
-                       f"(see the cluster page) or wait for a node to come back online.")
+                      f"(see the cluster page) or wait for a node to come back online.", notes=notes)
         return
     refused = clusters.preflight_refusals(kind, nodes)
-    for reason in refused.values():
-        job.append_log(f"pre-flight gate: {reason}")
+    notes += [f"pre-flight gate: {reason}" for reason in refused.values()]
     nodes = [node for node in nodes if node.pk not in refused]
     if not nodes:
-        fail_job(job, f"The pre-flight gate refused every node for stage {kind}: " + "; ".join(refused.values()))
+        fail_job(job, f"The pre-flight gate refused every node for stage {kind}: " + "; ".join(refused.values()),
+                 notes=notes)
         return
     try:
         assignments = stage_assignments(job, kind, nodes)
     except ValueError as error:
-        fail_job(job, f"Stage {kind} cannot be placed: {error}")
+        fail_job(job, f"Stage {kind} cannot be placed: {error}", notes=notes)
         return
     for node, params in assignments:
         run = StageRun.objects.create(
             job=job, kind=kind, node=node, node_name=node.hostname, celery_task_id=str(uuid.uuid4())
         )
-        job.append_log(f"stage {kind} queued on {node.hostname}")
+        runs.append(run)
+        notes.append(f"stage {kind} queued on {node.hostname}")
         _send_on_commit(protocol.RUN_STAGE, [run.pk, kind, params], node.queue_name, run.celery_task_id)
-    _update_job_progress(job, [*runs, *job.stage_runs.filter(kind=kind)])
+    _save_job(job, notes, progress=_job_progress(job, runs))
+
+
+def _save_job(job: AdaptationJob, notes: list[str], **fields) -> None:
+    """A queued job starts here; a running one takes the new progress and log lines. The row is locked."""
+    if job.status == JobStatus.QUEUED:
+        fields.update(status=JobStatus.RUNNING, started=timezone.now())
+    if notes:
+        fields["log"] = log_lines(*notes)
+    AdaptationJob.objects.filter(pk=job.pk, status=job.status).update(**fields)
+    job.status = fields.get("status", job.status)
 
 
 def stage_parameters(job: AdaptationJob, kind: str) -> dict:
@@ -266,13 +306,13 @@ def stage_assignments(job: AdaptationJob, kind: str, nodes: list[Node]) -> list[
     return [(node, {**params, "rendezvous": {**rendezvous, "node_rank": rank}}) for rank, node in enumerate(chosen)]
 
 
-def _update_job_progress(job: AdaptationJob, runs: list[StageRun]) -> None:
+def _job_progress(job: AdaptationJob, runs: list[StageRun]) -> float:
     """Job progress = mean over its stages of the mean progress of that stage's runs (0 if not yet run)."""
     per_stage = []
     for kind in job.stages:
         fractions = [run.progress for run in runs if run.kind == kind]
         per_stage.append(sum(fractions) / len(fractions) if fractions else 0.0)
-    job.set_progress(sum(per_stage) / len(per_stage))
+    return sum(per_stage) / len(per_stage)
 
 
 # --- what the nodes report ------------------------------------------------------------------------------
@@ -281,11 +321,12 @@ def _update_job_progress(job: AdaptationJob, runs: list[StageRun]) -> None:
 RESULT_STORES = {"env_check": clusters.store_env_check, "op_coverage": coverage.store_op_coverage}
 
 
-def _assigned_run(stage_run_id, sender: Node, task: str, related: tuple = ()) -> StageRun | None:
-    """The stage run a node reports on, if it was assigned to that node; a report on any other is dropped and
-    counted (a node may speak only for its own work)."""
+def _assigned_run(stage_run_id, sender: Node, task: str) -> StageRun | None:
+    """The stage run a node reports on (what the report needs of it, and its job's stages), if it was assigned to
+    that node; a report on any other is dropped and counted (a node may speak only for its own work)."""
     known = isinstance(stage_run_id, int)
-    run = StageRun.objects.select_related(*related).filter(pk=stage_run_id).first() if known else None
+    run = (StageRun.objects.select_related("job").only(*REPORTED_RUN_FIELDS).filter(pk=stage_run_id).first()
+           if known else None)
     if run is None or run.node_id != sender.pk:
         trust.record_rejection(task, "stage run not assigned to the sender", sender.cluster,
                                f"{sender.hostname} about stage run {stage_run_id!r}")
@@ -293,48 +334,74 @@ def _assigned_run(stage_run_id, sender: Node, task: str, related: tuple = ()) ->
     return run
 
 
+REPORTED_RUN_FIELDS = ("job_id", "kind", "node_id", "node_name", "status", "started", "job__stages")
+
+
+def _started_now():
+    """``started`` for a report that proves the stage ran: now, unless its "started" report came first (reports
+    travel independently, so "finished" or "progress" can overtake it)."""
+    return Coalesce(F("started"), Value(timezone.now()))
+
+
 def record_stage_started(stage_run_id: int, *, sender: Node) -> None:
     run = _assigned_run(stage_run_id, sender, protocol.STAGE_STARTED)
     if run and run.start():
-        run.job.append_log(f"stage {run.kind} running on {run.node_name}")
+        AdaptationJob.objects.filter(pk=run.job_id).update(
+            log=log_lines(f"stage {run.kind} running on {run.node_name}"))
 
 
 def record_stage_progress(stage_run_id: int, fraction: float, message: str, *, sender: Node) -> None:
     run = _assigned_run(stage_run_id, sender, protocol.STAGE_PROGRESS)
     if run is None:
         return
-    updated = StageRun.objects.filter(pk=run.pk, status=JobStatus.RUNNING).update(
-        progress=min(max(float(fraction), 0.0), 1.0), message=str(message)[:255]
+    updated = StageRun.objects.filter(pk=run.pk, status__in=list(ACTIVE_STATUSES)).update(
+        status=JobStatus.RUNNING, started=_started_now(), progress=min(max(float(fraction), 0.0), 1.0),
+        message=str(message)[:255]
     )
     if updated:
-        job = AdaptationJob.objects.get(stage_runs__pk=run.pk)
-        _update_job_progress(job, list(job.stage_runs.all()))
+        # Stages run one after another, so those before this one are done: the job's progress is theirs plus
+        # this stage's mean over its runs, folded in by one UPDATE without reading the runs back.
+        stages = run.job.stages
+        this_stage = Subquery(StageRun.objects.filter(job_id=run.job_id, kind=run.kind).values("kind")
+                              .annotate(mean=Avg("progress")).values("mean")[:1], output_field=FloatField())
+        AdaptationJob.objects.filter(pk=run.job_id, status=JobStatus.RUNNING).update(
+            progress=(Value(float(stages.index(run.kind))) + this_stage) / Value(float(len(stages))))
 
 
 def record_stage_finished(stage_run_id: int, ok: bool, result, error: str, traceback: str, *, sender: Node) -> None:
-    run = _assigned_run(stage_run_id, sender, protocol.STAGE_FINISHED, related=("job",))
+    """The stage's end, its result stored and the job's next step, in one transaction: a control worker killed
+    half-way commits none of it, and the redelivered report does all of it."""
+    run = _assigned_run(stage_run_id, sender, protocol.STAGE_FINISHED)
     if run is None:
         return
     error, traceback = str(error or ""), str(traceback or "")
-    moved = run.finish(result=result, message="done") if ok else run.fail(error or "stage failed", traceback)
-    if not moved:
-        return  # cancelled, or failed by the node sweep: a late report never overwrites that
-    job = run.job
-    if not ok:
-        fail_job(job, f"Stage {run.kind} failed on {run.node_name}: {error}", traceback)
-        return
-    try:
-        store = RESULT_STORES.get(run.kind)
-        if store:
-            store(run)
-    except Exception as problem:  # noqa: BLE001 - a malformed report must end the job, not leave it running
-        logger.exception("could not store the result of stage run %s", run.pk)
-        fail_job(job, f"Stage {run.kind} on {run.node_name} finished, but its result could not be stored: "
-                      f"{type(problem).__name__}: {problem}", format_exc())
-        return
-    job.append_log(f"stage {run.kind} succeeded on {run.node_name} in {run.duration_seconds or 0:.1f}s"
-                   + _verdict_note(result))
-    advance_job(job.pk)
+    with transaction.atomic():
+        job = _locked_job(run.job_id)
+        started = run.started
+        fields = {"started": _started_now()}
+        moved = (run.finish(result=result, message="done", **fields) if ok
+                 else run.fail(error or "stage failed", traceback, **fields))
+        if job is None or not moved:
+            return  # cancelled, or failed by the node sweep: a late report never overwrites that
+        if not ok:
+            fail_job(job, f"Stage {run.kind} failed on {run.node_name}: {error}", traceback)
+            return
+        try:
+            store = RESULT_STORES.get(run.kind)
+            if store:
+                with transaction.atomic():
+                    store(run)
+        except Exception as problem:  # noqa: BLE001 - a malformed report must end the job, not leave it running
+            logger.exception("could not store the result of stage run %s", run.pk)
+            fail_job(job, f"Stage {run.kind} on {run.node_name} finished, but its result could not be stored: "
+                          f"{type(problem).__name__}: {problem}", format_exc())
+            return
+        _advance(job, list(job.stage_runs.only(*ADVANCE_RUN_FIELDS)), [f"stage {run.kind} succeeded on {run.node_name}"
+                                                   f"{_took(started, run.finished)}{_verdict_note(result)}"])
+
+
+def _took(started, finished) -> str:
+    return f" in {(finished - started).total_seconds():.1f}s" if started and finished else ""
 
 
 def _verdict_note(result) -> str:
@@ -358,11 +425,9 @@ def sweep_stuck_stage_runs() -> int:
     limit = settings.D0_STAGE_TIMEOUT
     cutoff = timezone.now() - timedelta(seconds=limit)
     failed = 0
-    for run in StageRun.objects.select_related("job").filter(status=JobStatus.RUNNING, started__lt=cutoff):
-        error = f"Stage {run.kind} on {run.node_name} sent no result within {limit:g}s; its report was lost."
-        if run.fail(error):
-            fail_job(run.job, error)
-            failed += 1
+    for run in StageRun.objects.filter(status=JobStatus.RUNNING, started__lt=cutoff):
+        failed += fail_stage_run(run, f"Stage {run.kind} on {run.node_name} sent no result within {limit:g}s; its "
+                                      "report was lost.")
     return failed
 
 
@@ -393,8 +458,7 @@ def reconcile_jobs() -> dict[str, int]:
             fail_job(job, broken.error or f"Stage {broken.kind} on {broken.node_name} {broken.status}.")
             settled["failed"] += 1
         else:
-            job.append_log("reconciled: no stage was active, the job goes on")
-            advance_job(job.pk)
+            advance_job(job.pk, ["reconciled: no stage was active, the job goes on"])
             settled["advanced"] += 1
     if any(settled.values()):
         logger.warning("reconciled jobs: %s", settled)
@@ -420,8 +484,6 @@ def _mark_offline(node: Node, reason: str, guard) -> bool:
     if not guard.update(status=NodeStatus.OFFLINE):
         return False  # a heartbeat arrived in between
     logger.warning("node %s offline: %s", node.hostname, reason)
-    for run in StageRun.objects.select_related("job").filter(node=node, status__in=list(ACTIVE_STATUSES)):
-        error = f"Node {node.hostname} went offline ({reason}) while stage {run.kind} was {run.status}."
-        if run.fail(error):
-            fail_job(run.job, error)
+    for run in StageRun.objects.filter(node=node, status__in=list(ACTIVE_STATUSES)):
+        fail_stage_run(run, f"Node {node.hostname} went offline ({reason}) while stage {run.kind} was {run.status}.")
     return True

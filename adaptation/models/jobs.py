@@ -48,26 +48,39 @@ class StatusTransitions(models.Model):
         return ((self.finished or timezone.now()) - self.started).total_seconds()
 
     def _transition(self, from_statuses, to_status, **fields) -> bool:
-        """Move to ``to_status`` only if the row is still in one of ``from_statuses``; True if it moved."""
+        """Move to ``to_status`` only if the row is still in one of ``from_statuses``; True if it moved.
+
+        One UPDATE and no reload when it moved: the instance takes the values it wrote (a field written from an
+        expression, such as an appended log, is left to load on first use). When it did not move, the row is read
+        again so the caller sees the status that won."""
         moved = type(self).objects.filter(pk=self.pk, status__in=list(from_statuses)).update(status=to_status, **fields)
-        self.refresh_from_db()
+        if moved:
+            self.status = to_status
+            for name, value in fields.items():
+                if hasattr(value, "resolve_expression"):
+                    self.__dict__.pop(name, None)
+                else:
+                    setattr(self, name, value)
+        else:
+            self.refresh_from_db()
         return moved == 1
 
-    def start(self) -> bool:
-        return self._transition([JobStatus.QUEUED], JobStatus.RUNNING, started=timezone.now())
+    def start(self, **fields) -> bool:
+        return self._transition([JobStatus.QUEUED], JobStatus.RUNNING, started=timezone.now(), **fields)
 
     def finish(self, **fields) -> bool:
         return self._transition(
             ACTIVE_STATUSES, JobStatus.SUCCEEDED, finished=timezone.now(), progress=1.0, **fields
         )
 
-    def fail(self, error: str, traceback: str = "") -> bool:
+    def fail(self, error: str, traceback: str = "", **fields) -> bool:
         return self._transition(
-            ACTIVE_STATUSES, JobStatus.FAILED, finished=timezone.now(), error=error, error_traceback=traceback
+            ACTIVE_STATUSES, JobStatus.FAILED, finished=timezone.now(), error=error, error_traceback=traceback,
+            **fields
         )
 
-    def cancel(self) -> bool:
-        return self._transition(ACTIVE_STATUSES, JobStatus.CANCELLED, finished=timezone.now())
+    def cancel(self, **fields) -> bool:
+        return self._transition(ACTIVE_STATUSES, JobStatus.CANCELLED, finished=timezone.now(), **fields)
 
     def set_progress(self, fraction: float) -> bool:
         fraction = min(max(float(fraction), 0.0), 1.0)
@@ -164,10 +177,20 @@ class AdaptationJob(StatusTransitions):
                         ", ".join(sorted(set(roots))) or "none configured: start node workers with --data-root")
                         + ")")
 
-    def append_log(self, line: str) -> None:
-        stamp = timezone.now().strftime("%H:%M:%S")
-        # An atomic append in SQL: concurrent reports from several nodes never lose each other's lines.
-        AdaptationJob.objects.filter(pk=self.pk).update(log=Concat(F("log"), Value(f"{stamp} {line}\n")))
+    def append_log(self, *lines: str) -> None:
+        AdaptationJob.objects.filter(pk=self.pk).update(log=log_lines(*lines))
+        self.__dict__.pop("log", None)
+
+
+def stamped(*lines: str) -> str:
+    stamp = timezone.now().strftime("%H:%M:%S")
+    return "".join(f"{stamp} {line}\n" for line in lines)
+
+
+def log_lines(*lines: str):
+    """The job log with ``lines`` appended, as an expression for an UPDATE: appended in SQL, so concurrent reports
+    from several nodes never lose each other's lines, and in the same statement as the change they describe."""
+    return Concat(F("log"), Value(stamped(*lines)))
 
 
 class StageRunQuerySet(TeamOwnedQuerySet):

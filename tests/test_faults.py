@@ -5,7 +5,6 @@ live node may be marked offline, and no process or work folder of the test may b
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from pathlib import Path
@@ -178,9 +177,10 @@ def test_a_node_restarted_within_the_timeout_fails_the_stage_it_was_running(faul
 
 
 def test_a_control_restart_under_a_backlog_marks_no_live_node_offline(faults, cluster, owner):
-    """Issue 15 item 5: 40 jobs wait for the control worker while it is down longer than the node timeout; when it
-    is back, the node's heartbeats (on their own queue) are read beside the backlog, so the sweep finds the node
-    alive, and every job ends."""
+    """Issue 15 item 5: 40 jobs wait for the control worker while it is down longer than the node timeout. When it
+    is back, its sweeps queue behind that backlog; the node's heartbeats, on their own queue, are read in turn with
+    it (on the control queue they expired behind it, and the sweep failed the node's work), so the sweep finds the
+    node alive and every job ends."""
     stack = faults(D0_NODE_TIMEOUT=4, D0_SWEEP_INTERVAL=1)
     stack.stack.start_control()
     stack.stack.start_node("alpha/h100-pod", "backlog-node")
@@ -191,18 +191,13 @@ def test_a_control_restart_under_a_backlog_marks_no_live_node_offline(faults, cl
     time.sleep(6)  # the control plane stays down past the node timeout (4 s): what is waited on is the time itself
     stack.stack.start_control()
 
-    staleness = []
+    statuses = []
 
     def all_ended():
-        node.refresh_from_db()
-        staleness.append((time.time() - node.last_heartbeat.timestamp(), node.status))
+        statuses.append(Node.objects.get(pk=node.pk).status)
         return AdaptationJob.objects.filter(pk__in=job_ids, status__in=TERMINAL).count() == len(job_ids)
 
     wait_for(all_ended, 150, "every job of the backlog to end", interval=0.5)
-    node.refresh_from_db()
-    assert node.status == "online"
+    assert set(statuses) == {"online"}  # never marked offline (that would also have failed its queued jobs)
     outcomes = list(AdaptationJob.objects.filter(pk__in=job_ids).values_list("status", "error"))
     assert all(status == "succeeded" for status, _ in outcomes), outcomes
-    after_first = staleness[next(i for i, (age, _) in enumerate(staleness) if age < 4):]
-    print(f"heartbeat age while the backlog drained: max {max(age for age, _ in after_first):.1f} s "
-          f"over {len(after_first)} samples")

@@ -87,7 +87,8 @@ class Command(BaseCommand):
             "web": [sys.executable, "-m", "gunicorn", "d0web.wsgi", "--config", str(GUNICORN_CONFIG), "--bind", bind,
                     *(["--workers", str(web_workers)] if web_workers else []), "--access-logfile", "-"],
             "control": [sys.executable, "-m", "celery", "-A", "d0web", "worker", "--beat",
-                        "--schedule", str(var / "celerybeat-schedule"), "--queues", f"{control_queue()},{heartbeat_queue()}",
+                        "--schedule", str(var / "celerybeat-schedule"),
+                        "--queues", f"{control_queue()},{heartbeat_queue()}",
                         "--hostname", "control@%h", "--concurrency", "2", "--loglevel", "info",
                         "--without-gossip", "--without-mingle"],
         }

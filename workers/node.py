@@ -7,7 +7,9 @@ Join a node to a cluster with one command (the cluster page shows it with the ri
 At its first start the worker makes the node's own key pair in ``--state-dir`` and registers the node (hostname,
 host facts, devices, public key) with a proof of the join token; from then on every message it sends is signed
 with that key (workers/signing.py), and a restart needs no token. It sends a heartbeat every ``--heartbeat``
-seconds, consumes only its own queue, and answers no remote-control command but ``revoke``.
+seconds (on the heartbeat queue), consumes only its own queue, and answers no remote-control command but ``revoke``.
+A stage's started and finished reports that the broker refuses wait in the node's outbox (workers/outbox.py) until
+it answers again; progress reports are best-effort.
 """
 
 from __future__ import annotations
@@ -196,8 +198,9 @@ def _register_and_beat(sender=None, **kwargs) -> None:
     # Work folders of stages a kill cut short (no clean-up runs on SIGKILL) go before any new stage starts.
     for folder in remove_stale():
         logger.warning("removed the work folder %s of a stage that did not end cleanly", folder)
-    # Reports the last worker could not send go first: a stage that finished while the broker was away is then
-    # recorded before this registration fails the stage runs the old worker left running.
+    # Reports the last worker could not send go before the registration, which fails the stage runs the old worker
+    # left running: a stage that finished while the broker was away is then taken first and recorded as it ended
+    # (two control processes may take both at once; then the registration's "restarted" can win).
     left = identity.outbox.flush(_sender())
     if left:
         logger.warning("%d report(s) from before this start still wait in %s", left, identity.outbox.folder)

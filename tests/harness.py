@@ -102,7 +102,8 @@ class WorkerStack(Processes):
 
     def start_control(self) -> None:
         self.start("control", [sys.executable, "-m", "celery", "-A", "d0web", "worker", "--beat",
-                               "--schedule", str(self.log_dir / "beat-schedule"), "--queues", self.control_queue,
+                               "--schedule", str(self.log_dir / "beat-schedule"), "--queues",
+                               f"{self.control_queue},{self.control_queue}.heartbeat",
                                "--hostname", f"{self.prefix}-control@%h", "--concurrency", "4", "--loglevel",
                                "info", "--without-gossip", "--without-mingle"], self.env)
 

@@ -129,3 +129,26 @@ def test_the_started_tasks_file_keeps_the_newest_ids(tmp_path, monkeypatch):
         assert record.first_delivery(task)
     kept = (tmp_path / delivered.FILE_NAME).read_text().split()
     assert kept == ["c", "d", "e"] and record.first_delivery("a")  # the oldest forgotten, the newest kept
+
+
+def test_the_outbox_keeps_what_the_broker_refused_and_sends_it_oldest_first(tmp_path):
+    from workers.outbox import Outbox
+
+    sent, broker_up = [], [False]
+
+    def send(task, message):
+        if not broker_up[0]:
+            raise ConnectionError("broker away")
+        sent.append((task, message))
+
+    box = Outbox(tmp_path / "outbox")
+    assert box.deliver("started", ["a"], send, retry_delays=(0.01,)) == 1  # tried again once, then kept
+    assert box.deliver("finished", ["b"], send) == 2  # behind the first, never before it
+    assert len(box.pending()) == 2 and not list(box.folder.glob("*.tmp"))
+    (box.folder / "0-bad.json").write_text("{half a messa")  # sorts first: it must not block the others
+    broker_up[0] = True
+    assert box.deliver("progress-free", ["c"], send) == 0  # the waiting ones go first, then this one
+    assert sent == [("started", ["a"]), ("finished", ["b"]), ("progress-free", ["c"])]
+    assert box.pending() == [] and (box.folder / "0-bad.bad").exists()
+    with box.locked():  # another sender holds it: a flush that may not wait gives way
+        assert box.flush(send, wait=False) == -1

@@ -7,7 +7,9 @@ Join a node to a cluster with one command (the cluster page shows it with the ri
 At its first start the worker makes the node's own key pair in ``--state-dir`` and registers the node (hostname,
 host facts, devices, public key) with a proof of the join token; from then on every message it sends is signed
 with that key (workers/signing.py), and a restart needs no token. It sends a heartbeat every ``--heartbeat``
-seconds, consumes only its own queue, and answers no remote-control command but ``revoke``.
+seconds (on the heartbeat queue), consumes only its own queue, and answers no remote-control command but ``revoke``.
+A stage's started and finished reports that the broker refuses wait in the node's outbox (workers/outbox.py) until
+it answers again; progress reports are best-effort.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from .engine.serving.engines import configured_engines, parse_engines
 from .engine.stages import run_stage as run_engine_stage
 from .delivered import Delivered
 from .engine.workdirs import remove_stale
+from .outbox import Outbox
 from .remote_control import NODE_COMMANDS, allow_only
 
 logger = logging.getLogger("d0.node")
@@ -42,6 +45,9 @@ app = Celery("d0node", fixups=[])
 # Long GPU work: hours, not Celery's defaults. A stage past the soft limit is reported as failed.
 STAGE_SOFT_TIME_LIMIT = int(os.environ.get("D0_STAGE_SOFT_TIME_LIMIT", 6 * 3600))
 PROGRESS_MIN_INTERVAL = 0.5  # seconds between progress messages, so a chatty stage cannot flood the broker
+# Seconds between tries of a stage report the broker refused (a restart takes seconds); after the last it waits in
+# the outbox for the heartbeat thread, and the stage's slot is free for the next stage.
+REPORT_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0)
 
 
 @dataclass
@@ -54,6 +60,7 @@ class Identity:
     join_token: str = ""
     data_roots: tuple[str, ...] = ()  # folders stage parameters may name (checkpoints); none: no path parameter
     delivered: Delivered | None = None  # stage tasks already started here (a redelivery is dropped)
+    outbox: Outbox | None = None  # stage reports the broker did not take yet
 
 
 identity = Identity()
@@ -72,7 +79,8 @@ def configure(broker_url: str, cluster_ref: str, hostname: str, heartbeat_interv
     identity.queue = protocol.node_queue(cluster_ref, hostname)
     identity.heartbeat_interval = heartbeat_interval
     identity.key, created = signing.NodeKey.load_or_create(key_path(state_dir, cluster_ref, hostname))
-    identity.delivered = Delivered(state_dir / protocol.node_queue(cluster_ref, hostname))
+    identity.delivered = Delivered(state_dir / identity.queue)
+    identity.outbox = Outbox(state_dir / identity.queue / "outbox")
     identity.join_token = join_token
     if created and not join_token:
         logger.warning("this node has no key registered yet and no join token was given (--token or "
@@ -92,10 +100,32 @@ def configure(broker_url: str, cluster_ref: str, hostname: str, heartbeat_interv
     )
 
 
-def report(task_name: str, *args, expires: float | None = None, connection=None) -> None:
-    """Send a message to the control plane, signed with this node's key."""
-    app.send_task(task_name, args=identity.key.message(task_name, list(args)), queue=protocol.control_queue(),
-                  expires=expires, connection=connection)
+def _sender(connection=None, queue: str | None = None, expires: float | None = None):
+    def send(task_name: str, message: list) -> None:
+        app.send_task(task_name, args=message, queue=queue or protocol.control_queue(), expires=expires,
+                      connection=connection)
+    return send
+
+
+def report(task_name: str, *args) -> None:
+    """A report the job depends on (a stage started or finished), signed with this node's key now. It never raises:
+    what the broker refuses is tried again with back-off, then kept in the outbox and sent when the broker answers
+    again (the heartbeat thread, the next report or the node's next start), oldest first."""
+    left = identity.outbox.deliver(task_name, identity.key.message(task_name, list(args)), _sender(),
+                                   REPORT_RETRY_DELAYS)
+    if left:
+        logger.warning("the broker is away: %d report(s) wait in %s", left, identity.outbox.folder)
+
+
+def report_progress(*args) -> None:
+    """Progress is best-effort: one try, dropped when the broker refuses it (the next one says more), and skipped
+    while reports wait in the outbox, which it must not overtake. A stage never fails for its progress."""
+    if identity.outbox.pending():
+        return
+    try:
+        _sender()(protocol.STAGE_PROGRESS, identity.key.message(protocol.STAGE_PROGRESS, list(args)))
+    except Exception as error:  # noqa: BLE001 - see above
+        logger.warning("progress report dropped: %s", error)
 
 
 def registration(host: dict, devices: list[dict]) -> list[str]:
@@ -126,7 +156,7 @@ def run_stage(self, stage_run_id: int, kind: str, params: dict) -> None:
         now = time.monotonic()
         if now - last_sent >= PROGRESS_MIN_INTERVAL:
             last_sent = now
-            report(protocol.STAGE_PROGRESS, stage_run_id, float(fraction), str(message))
+            report_progress(stage_run_id, float(fraction), str(message))
 
     try:
         result = run_engine_stage(kind, params or {}, progress, data_roots=identity.data_roots)
@@ -143,12 +173,18 @@ def run_stage(self, stage_run_id: int, kind: str, params: dict) -> None:
 def _heartbeat_loop() -> None:
     # A connection of its own: the worker's consumer connection is not to be shared with another thread.
     with app.connection_for_write() as connection:
+        # On a queue of its own, which the control worker reads in turn with its control queue, so a backlog of
+        # reports and dispatches cannot hold heartbeats back. Expires: a heartbeat that waited in the broker
+        # longer than two intervals proves nothing.
+        beat = _sender(connection, protocol.heartbeat_queue(), expires=identity.heartbeat_interval * 2)
         while not _stop_heartbeat.wait(identity.heartbeat_interval):
             try:
-                # Expires: a heartbeat that waited in the broker longer than an interval proves nothing.
-                report(protocol.NODE_HEARTBEAT, expires=identity.heartbeat_interval * 2, connection=connection)
-            except Exception:  # noqa: BLE001 - a broker blip must not kill the heartbeat thread
-                logger.exception("heartbeat failed; retrying in %ss", identity.heartbeat_interval)
+                beat(protocol.NODE_HEARTBEAT, identity.key.message(protocol.NODE_HEARTBEAT, []))
+            except Exception as error:  # noqa: BLE001 - a broker blip must not kill the heartbeat thread
+                logger.warning("heartbeat failed (%s); trying again in %ss", error, identity.heartbeat_interval)
+                continue
+            # The broker answers: send what it refused before. Not waiting for a stage's report being sent now.
+            identity.outbox.flush(_sender(connection), wait=False)
 
 
 @signals.worker_ready.connect
@@ -162,6 +198,12 @@ def _register_and_beat(sender=None, **kwargs) -> None:
     # Work folders of stages a kill cut short (no clean-up runs on SIGKILL) go before any new stage starts.
     for folder in remove_stale():
         logger.warning("removed the work folder %s of a stage that did not end cleanly", folder)
+    # Reports the last worker could not send go before the registration, which fails the stage runs the old worker
+    # left running: a stage that finished while the broker was away is then taken first and recorded as it ended
+    # (two control processes may take both at once; then the registration's "restarted" can win).
+    left = identity.outbox.flush(_sender())
+    if left:
+        logger.warning("%d report(s) from before this start still wait in %s", left, identity.outbox.folder)
     app.send_task(protocol.REGISTER_NODE, args=registration(host, probe_devices(host)),
                   queue=protocol.control_queue())
     threading.Thread(target=_heartbeat_loop, name="d0-heartbeat", daemon=True).start()
@@ -175,7 +217,8 @@ def _leave(**kwargs) -> None:
         return
     _stop_heartbeat.set()
     try:
-        report(protocol.NODE_LEAVING)
+        # Best-effort, never kept for later: the next start's registration says more than a late goodbye.
+        _sender()(protocol.NODE_LEAVING, identity.key.message(protocol.NODE_LEAVING, []))
     except Exception:  # noqa: BLE001 - shutting down anyway; the heartbeat timeout covers it
         logger.exception("could not tell the control plane that this node leaves")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 
-# Control-plane tasks (run by the Django-side worker on the control queue).
+# Control-plane tasks (run by the Django-side worker on the control queue; heartbeats on their own queue).
 DISPATCH_JOB = "d0.control.dispatch_job"
 REGISTER_NODE = "d0.control.register_node"
 NODE_HEARTBEAT = "d0.control.node_heartbeat"
@@ -27,6 +27,12 @@ DEFAULT_CONTROL_QUEUE = "d0.control"
 
 def control_queue() -> str:
     return os.environ.get("D0_CONTROL_QUEUE", DEFAULT_CONTROL_QUEUE)
+
+
+def heartbeat_queue() -> str:
+    """Node heartbeats' own queue, read by the control worker besides the control queue (kombu's Redis transport
+    takes from its queues in turn), so heartbeats never wait behind a backlog of dispatches and reports."""
+    return f"{control_queue()}.heartbeat"
 
 
 def _slug(text: str) -> str:

@@ -20,7 +20,7 @@ from adaptation.clusters.trust import create_join_token
 from adaptation.models import Cluster
 from d0web import embedded_broker
 from workers.engine.processes import die_with_parent
-from workers.protocol import control_queue
+from workers.protocol import control_queue, heartbeat_queue
 
 from .bootstrap_demo import DEMO_TEAM, LOCAL_CLUSTER
 
@@ -87,7 +87,8 @@ class Command(BaseCommand):
             "web": [sys.executable, "-m", "gunicorn", "d0web.wsgi", "--config", str(GUNICORN_CONFIG), "--bind", bind,
                     *(["--workers", str(web_workers)] if web_workers else []), "--access-logfile", "-"],
             "control": [sys.executable, "-m", "celery", "-A", "d0web", "worker", "--beat",
-                        "--schedule", str(var / "celerybeat-schedule"), "--queues", control_queue(),
+                        "--schedule", str(var / "celerybeat-schedule"),
+                        "--queues", f"{control_queue()},{heartbeat_queue()}",
                         "--hostname", "control@%h", "--concurrency", "2", "--loglevel", "info",
                         "--without-gossip", "--without-mingle"],
         }

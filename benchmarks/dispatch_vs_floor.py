@@ -134,6 +134,8 @@ def statements_per_job(team, user) -> dict[str, int]:
             with CaptureQueriesContext(connection) as captured:
                 call()
             counts[name] = len(captured.captured_queries)
+            if os.environ.get("D0_BENCH_SHOW_SQL"):
+                print(name, *(query["sql"][:160] for query in captured.captured_queries), sep="\n  ")
 
         holder = {}
         phase("submit", lambda: holder.update(job=jobs.submit_job(team=team, user=user, cluster=cluster,

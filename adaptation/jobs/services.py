@@ -20,7 +20,7 @@ from traceback import format_exc
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Avg, F, FloatField, Subquery, Value
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, Concat
 from django.utils import timezone
 
 from workers import protocol
@@ -344,10 +344,19 @@ def _started_now():
 
 
 def record_stage_started(stage_run_id: int, *, sender: Node) -> None:
-    run = _assigned_run(stage_run_id, sender, protocol.STAGE_STARTED)
-    if run and run.start():
-        AdaptationJob.objects.filter(pk=run.job_id).update(
-            log=log_lines(f"stage {run.kind} running on {run.node_name}"))
+    """Two UPDATEs on the way every report takes: the run (only if it is the sender's and still queued), then its
+    job's log line, the stage's kind read by the same statement. The run is read only when the first one changed
+    nothing, to tell a report about someone else's work (counted) from one that came late (ignored)."""
+    started = (isinstance(stage_run_id, int) and StageRun.objects.filter(
+        pk=stage_run_id, node_id=sender.pk, status=JobStatus.QUEUED).update(status=JobStatus.RUNNING,
+                                                                            started=timezone.now()))
+    if not started:
+        _assigned_run(stage_run_id, sender, protocol.STAGE_STARTED)
+        return
+    run = StageRun.objects.filter(pk=stage_run_id)
+    AdaptationJob.objects.filter(pk=Subquery(run.values("job_id"))).update(log=Concat(
+        F("log"), Value(stamped("stage ")[:-1]), Subquery(run.values("kind")),
+        Value(f" running on {sender.hostname}\n")))
 
 
 def record_stage_progress(stage_run_id: int, fraction: float, message: str, *, sender: Node) -> None:

@@ -89,7 +89,7 @@ class Command(BaseCommand):
             "control": [sys.executable, "-m", "celery", "-A", "d0web", "worker", "--beat",
                         "--schedule", str(var / "celerybeat-schedule"),
                         "--queues", f"{control_queue()},{heartbeat_queue()}",
-                        "--hostname", "control@%h", "--concurrency", "2", "--loglevel", "info",
+                        "--hostname", "control@%h", "--concurrency", "4", "--loglevel", "info",
                         "--without-gossip", "--without-mingle"],
         }
         environments = {}

@@ -5,6 +5,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
+from django.db.models import F
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -21,9 +22,16 @@ from .forms import JobForm
 from .outcomes import outcome
 
 
+def job_table_rows(jobs):
+    """What the job table (templates/adaptation/jobs/_table.html) shows of each job in ``jobs``, as plain values:
+    a job, its cluster, its model and its submitter made as model instances cost more than the rest of the table."""
+    return jobs.values("pk", "stages", "status", "progress", "created", cluster_name=F("cluster__name"),
+                       model_name=F("model__name"), submitted_by_name=F("submitted_by__username"))
+
+
 @login_required
 def dashboard(request):
-    jobs = services.job_rows(request.user)
+    jobs = job_table_rows(services.job_rows(request.user))
     return render(request, "adaptation/jobs/dashboard.html", {
         "clusters": clusters_with_counts(request.user),
         "running_jobs": jobs.filter(status__in=list(ACTIVE_STATUSES))[:20],
@@ -35,7 +43,7 @@ def dashboard(request):
 def job_list(request):
     jobs = services.job_rows(request.user)
     filterset = JobFilterSet(request.GET or None, queryset=jobs, request=request)
-    page = IndexedPaginator(filterset.qs, settings.D0_PAGE_SIZE).get_page(request.GET.get("page"))
+    page = IndexedPaginator(job_table_rows(filterset.qs), settings.D0_PAGE_SIZE).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
     return render(request, "adaptation/jobs/list.html", {"filter": filterset, "page": page,

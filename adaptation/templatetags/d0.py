@@ -1,8 +1,25 @@
 import json
 
 from django import template
+from django.utils.html import format_html
+
+from ..choices import JobStatus
 
 register = template.Library()
+
+
+@register.simple_tag
+def status_badge(status, label) -> str:
+    """A coloured status label (d0.css colours ``status-<status>``). A tag, not an included template: the job
+    tables show one per row, and an include per row was a tenth of the job list's rendering."""
+    return format_html('<span class="status status-{}">{}</span>', status, label)
+
+
+@register.filter
+def job_status_label(status: str) -> str:
+    """A job status's label (``succeeded`` → Succeeded) for rows read as values, without a model's
+    get_status_display."""
+    return JobStatus(status).label
 
 
 @register.filter

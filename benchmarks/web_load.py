@@ -261,12 +261,12 @@ def load(port: int, path: str, headers: dict, clients: int, requests: int, secon
     return {"latencies": latencies, "seconds": time.perf_counter() - started, "failures": failures}
 
 
-def database_cpu_seconds(database: str) -> float:
-    """User and system CPU time so far of the PostgreSQL backends connected to ``database`` (the server's own,
-    whose process titles read ``postgres: ... <user> <database> <client> <state>``)."""
+def database_cpu_seconds(database: str) -> dict[int, float]:
+    """User and system CPU time so far of each PostgreSQL backend connected to ``database``, by process id (the
+    server's own processes, whose titles read ``postgres: ... <user> <database> <client> <state>``)."""
     import psutil
 
-    total = 0.0
+    seconds = {}
     for process in psutil.process_iter(["cmdline"]):
         words = " ".join(process.info["cmdline"] or []).split()
         if words[:1] == ["postgres:"] and database in words:
@@ -274,8 +274,14 @@ def database_cpu_seconds(database: str) -> float:
                 times = process.cpu_times()
             except psutil.Error:  # a backend that ended meanwhile
                 continue
-            total += times.user + times.system
-    return total
+            seconds[process.pid] = times.user + times.system
+    return seconds
+
+
+def database_cpu_since(database: str, before: dict[int, float]) -> float:
+    """The CPU time the backends used since ``before``: those that ended meanwhile (a connection past its
+    CONN_MAX_AGE) are left out rather than subtracted."""
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in database_cpu_seconds(database).items())
 
 
 def percentile(values: list[float], q: int) -> float:
@@ -330,7 +336,7 @@ def main():
                         measured = load(server.port, path, headers, args.clients, args.requests, args.seconds)
                         total = results[name][endpoint]
                         total["cpu"] += server.cpu_seconds() - cpu
-                        total["database_cpu"] += database_cpu_seconds(database) - database_cpu
+                        total["database_cpu"] += database_cpu_since(database, database_cpu)
                         total["latencies"] += measured["latencies"]
                         total["seconds"] += measured["seconds"]
                         total["failures"] += measured["failures"]

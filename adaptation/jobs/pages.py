@@ -43,7 +43,7 @@ def dashboard(request):
 def job_list(request):
     jobs = services.job_rows(request.user)
     filterset = JobFilterSet(request.GET or None, queryset=jobs, request=request)
-    page = IndexedPaginator(job_table_rows(filterset.qs), settings.D0_PAGE_SIZE).get_page(request.GET.get("page"))
+    page = IndexedPaginator(filterset.qs, settings.D0_PAGE_SIZE, rows=job_table_rows).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
     return render(request, "adaptation/jobs/list.html", {"filter": filterset, "page": page,

@@ -7,9 +7,17 @@ from rest_framework.pagination import PageNumberPagination
 
 
 class IndexedPaginator(Paginator):
+    """``rows``: how a page's rows are read (e.g. as ``values()`` with their related rows' names), applied to the
+    page's rows only: the joins it adds would otherwise be in the query of the page's ids too, which then cannot
+    come from the index alone (10 ms at page 370 of 10,000 jobs)."""
+
+    def __init__(self, object_list, per_page, *, rows=None, **kwargs):
+        super().__init__(object_list, per_page, **kwargs)
+        self.rows = rows or (lambda queryset: queryset)
+
     def _get_page(self, object_list, number, paginator):
         # object_list is the unsliced list sliced to the page; its ids, as a subquery, keep its order and slice.
-        rows = self.object_list.filter(pk__in=object_list.values("pk"))
+        rows = self.rows(self.object_list.filter(pk__in=object_list.values("pk")))
         return super()._get_page(rows, number, paginator)
 
 

@@ -4,7 +4,13 @@ Seeds a PostgreSQL database of its own (dropped and made again each run: 300 mod
 their analysis, 10,000 jobs, 20,000 stage runs), then, for each gunicorn setting (the production one from
 d0web/gunicorn.conf.py and the candidates it was chosen from), in rounds with the settings interleaved: starts
 gunicorn, runs the clients over each endpoint in turn (bounded by --requests and --seconds per endpoint), prints
-requests, p50, p95 and req/s per endpoint, and the PSS of each gunicorn worker after the load.
+requests, p50, p95 and req/s per endpoint, the CPU time per request of gunicorn's processes and of the PostgreSQL
+backends serving them (the figure that does not depend on what else the machine runs), and the PSS of each
+gunicorn worker after the load.
+
+A setting written ``NAME@DIR`` runs gunicorn from another checkout of d0 (e.g. ``git worktree add /tmp/before
+HEAD~3``), so that a change is measured against what it replaces in the same run, interleaved:
+``--settings production,production@/tmp/before``.
 
     python benchmarks/web_load.py [--rounds 2] [--requests 600] [--seconds 6] [--clients 20]
                                   [--database-url postgres://postgres@127.0.0.1:5432/d0_web_load]
@@ -37,11 +43,10 @@ sys.path.insert(0, str(ROOT))
 from tests.harness import wait_for  # noqa: E402
 from tests.test_zero_setup import free_port  # noqa: E402
 
-GUNICORN_CONFIG = ROOT / "d0web" / "gunicorn.conf.py"
-# Each: gunicorn's options after the app. "production" is the config file alone, as `manage.py up` and
-# docker-compose.yml run it; the others are what it was chosen from.
+# Each: gunicorn's options after the app. "production" is the config file alone (of the checkout gunicorn runs
+# from), as `manage.py up` and docker-compose.yml run it; the others are what it was chosen from.
 SETTINGS = {
-    "production": ["--config", str(GUNICORN_CONFIG)],
+    "production": ["--config", "d0web/gunicorn.conf.py"],
     "sync-2": ["--worker-class", "sync", "--workers", "2"],
     "sync-4": ["--worker-class", "sync", "--workers", "4"],
     "gthread-2x4": ["--worker-class", "gthread", "--workers", "2", "--threads", "4"],
@@ -181,13 +186,14 @@ def endpoints(seeded: dict) -> dict[str, tuple[str, dict]]:
 
 
 class Server:
-    def __init__(self, options: list[str], env: dict, log: Path):
+    def __init__(self, setting: str, env: dict, log: Path):
+        name, _, checkout = setting.partition("@")
         self.port = free_port()
         self.log = open(log, "wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "d0web.wsgi", "--bind", f"127.0.0.1:{self.port}", *options,
+            [sys.executable, "-m", "gunicorn", "d0web.wsgi", "--bind", f"127.0.0.1:{self.port}", *SETTINGS[name],
              "--access-logfile", "-"],
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+            cwd=checkout or ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def answers(self) -> bool:
         try:
@@ -195,6 +201,13 @@ class Server:
             return status == 200
         except OSError:
             return False
+
+    def cpu_seconds(self) -> float:
+        """User and system CPU time of gunicorn's master and workers so far."""
+        import psutil
+
+        processes = [psutil.Process(self.process.pid), *psutil.Process(self.process.pid).children(recursive=True)]
+        return sum(times.user + times.system for times in (process.cpu_times() for process in processes))
 
     def worker_pss_mib(self) -> list[float]:
         import psutil
@@ -248,6 +261,29 @@ def load(port: int, path: str, headers: dict, clients: int, requests: int, secon
     return {"latencies": latencies, "seconds": time.perf_counter() - started, "failures": failures}
 
 
+def database_cpu_seconds(database: str) -> dict[int, float]:
+    """User and system CPU time so far of each PostgreSQL backend connected to ``database``, by process id (the
+    server's own processes, whose titles read ``postgres: ... <user> <database> <client> <state>``)."""
+    import psutil
+
+    seconds = {}
+    for process in psutil.process_iter(["cmdline"]):
+        words = " ".join(process.info["cmdline"] or []).split()
+        if words[:1] == ["postgres:"] and database in words:
+            try:
+                times = process.cpu_times()
+            except psutil.Error:  # a backend that ended meanwhile
+                continue
+            seconds[process.pid] = times.user + times.system
+    return seconds
+
+
+def database_cpu_since(database: str, before: dict[int, float]) -> float:
+    """The CPU time the backends used since ``before``: those that ended meanwhile (a connection past its
+    CONN_MAX_AGE) are left out rather than subtracted."""
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in database_cpu_seconds(database).items())
+
+
 def percentile(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
@@ -263,7 +299,7 @@ def main():
     parser.add_argument("--seconds", type=float, default=6.0, help="per endpoint, per round")
     args = parser.parse_args()
     chosen = args.settings.split(",")
-    unknown = [name for name in chosen if name not in SETTINGS]
+    unknown = [name for name in chosen if name.partition("@")[0] not in SETTINGS]
     if unknown:
         parser.error(f"unknown settings {unknown}; known: {', '.join(SETTINGS)}")
 
@@ -284,19 +320,23 @@ def main():
               f"{args.requests} requests or {args.seconds:g} s per endpoint per round, {args.rounds} rounds, "
               f"{os.cpu_count()} CPUs\n")
         targets = endpoints(seeded)
-        results = {name: {endpoint: {"latencies": [], "seconds": 0.0, "failures": []} for endpoint in targets}
-                   for name in chosen}
+        database = urlsplit(args.database_url).path.lstrip("/")
+        results = {name: {endpoint: {"latencies": [], "seconds": 0.0, "failures": [], "cpu": 0.0, "database_cpu": 0.0}
+                          for endpoint in targets} for name in chosen}
         pss = {}
         for round_number in range(args.rounds):
             for name in (chosen if round_number % 2 == 0 else chosen[::-1]):
-                server = Server(SETTINGS[name], env, var / f"gunicorn-{name}.log")
+                server = Server(name, env, var / f"gunicorn-{name.replace('/', '_')}.log")
                 try:
                     wait_for(server.answers, 60, f"gunicorn ({name})", interval=0.1)
                     for path, headers in targets.values():  # every worker's first requests are not counted
                         load(server.port, path, headers, args.clients, 2 * args.clients, 10)
                     for endpoint, (path, headers) in targets.items():
+                        cpu, database_cpu = server.cpu_seconds(), database_cpu_seconds(database)
                         measured = load(server.port, path, headers, args.clients, args.requests, args.seconds)
                         total = results[name][endpoint]
+                        total["cpu"] += server.cpu_seconds() - cpu
+                        total["database_cpu"] += database_cpu_since(database, database_cpu)
                         total["latencies"] += measured["latencies"]
                         total["seconds"] += measured["seconds"]
                         total["failures"] += measured["failures"]
@@ -304,13 +344,16 @@ def main():
                 finally:
                     server.stop()
         for name in chosen:
-            print(f"## {name}: gunicorn {' '.join(SETTINGS[name])}")
-            print(f"{'endpoint':<30} {'requests':>8} {'p50 ms':>8} {'p95 ms':>8} {'req/s':>7} {'non-200':>7}")
+            setting, _, checkout = name.partition("@")
+            print(f"## {name}: gunicorn {' '.join(SETTINGS[setting])}" + (f" (from {checkout})" if checkout else ""))
+            print(f"{'endpoint':<30} {'requests':>8} {'p50 ms':>8} {'p95 ms':>8} {'req/s':>7} {'non-200':>7} "
+                  f"{'CPU ms/req':>10} {'PG CPU ms/req':>13}")
             for endpoint, total in results[name].items():
                 latencies = total["latencies"]
                 print(f"{endpoint:<30} {len(latencies):>8} {percentile(latencies, 50) * 1000:>8.1f} "
                       f"{percentile(latencies, 95) * 1000:>8.1f} {len(latencies) / total['seconds']:>7.1f} "
-                      f"{len(total['failures']):>7}")
+                      f"{len(total['failures']):>7} {total['cpu'] / len(latencies) * 1000:>10.1f} "
+                      f"{total['database_cpu'] / len(latencies) * 1000:>13.1f}")
             worst = max(percentile(total["latencies"], 95) for total in results[name].values())
             print(f"worst p95 {worst * 1000:.0f} ms (goal < 200 ms); worker PSS after the load: "
                   + ", ".join(f"{value:.0f} MiB" for value in pss[name]) + "\n")

@@ -63,7 +63,7 @@ def test_deep_pages_hold_every_row_once_in_the_list_order(member_api, member, cl
     client = Client()
     client.force_login(member)
     last = client.get("/jobs/?page=5")
-    assert [job.pk for job in last.context["page"]] == by_created[100:]
+    assert [job["pk"] for job in last.context["page"]] == by_created[100:]
     assert len(client.get("/jobs/?page=2&status=failed").context["page"]) == 15
 
 

@@ -11,6 +11,7 @@ from django.views.decorators.http import require_POST
 
 from ..choices import JobStatus
 from ..jobs import services as jobs
+from ..jobs.pages import job_table_rows
 from ..models import Cluster, Device, EnvReport
 from ..teams.services import is_team_admin
 from . import services, trust
@@ -37,7 +38,7 @@ def _detail(request, cluster, **extra):
     return render(request, "adaptation/clusters/detail.html", {
         "cluster": cluster,
         "nodes": nodes,
-        "jobs": jobs.job_rows(request.user).filter(cluster=cluster)[:10],
+        "jobs": job_table_rows(jobs.job_rows(request.user).filter(cluster=cluster))[:10],
         "is_admin": is_admin,
         "heartbeat_timeout": settings.D0_NODE_TIMEOUT,
         "join_tokens": cluster.join_tokens.select_related("created_by")[:20] if is_admin else [],

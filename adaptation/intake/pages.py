@@ -5,7 +5,6 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.core.paginator import Paginator
 from django.db.models import OuterRef, Subquery
 from django.db.models.fields.json import KT
 from django.http import Http404
@@ -13,7 +12,9 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from ..jobs import services as jobs
+from ..jobs.pages import job_table_rows
 from ..models import Cluster, CoverageReport, ModelSpec
+from ..pagination import IndexedPaginator
 from ..teams.services import teams_of
 from . import catalog, services
 from .forms import ModelSpecForm, PlanForm
@@ -27,7 +28,9 @@ def model_list(request):
               .annotate(total_params=KT("analysis__total_params"), active_params=KT("analysis__active_params"),
                         shipped_quantization=KT("config__quantization_config__quant_method"),
                         shipped_dtype=KT("config__torch_dtype"), latest_coverage=Subquery(latest_coverage)))
-    page = Paginator(models, settings.D0_PAGE_SIZE).get_page(request.GET.get("page"))
+    # The page's ids first: PostgreSQL computes the annotations of every row it sorts, and reading the JSON
+    # figures of all the team's models to show 25 of them was most of this page's time (7-11 ms at 300 models).
+    page = IndexedPaginator(models, settings.D0_PAGE_SIZE).get_page(request.GET.get("page"))
     return render(request, "adaptation/intake/model_list.html", {"page": page})
 
 
@@ -95,7 +98,8 @@ def model_detail(request, pk):
             except ValidationError as error:
                 cluster_plans.append((cluster, {"fits": False, "reason": "; ".join(error.messages)}))
     return render(request, "adaptation/intake/model_detail.html", {
-        "spec": spec, "analysis": spec.analysis, "jobs": jobs.job_rows(request.user).filter(model=spec)[:10],
+        "spec": spec, "analysis": spec.analysis,
+        "jobs": job_table_rows(jobs.job_rows(request.user).filter(model=spec))[:10],
         "form": form, "what_if": what_if, "cluster_plans": cluster_plans,
         "kept_plans": spec.plans.select_related("created_by")[:10], "clusters": clusters,
     })

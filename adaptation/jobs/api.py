@@ -81,6 +81,10 @@ class JobDetailSerializer(JobSerializer):
         read_only_fields = [*JobSerializer.Meta.read_only_fields, "error_traceback", "log"]
 
 
+JOB_LIST_COLUMNS = ["id", "team", "cluster", "model", "stages", "parameters", "status", "progress", "created",
+                    "started", "finished", "error", "submitted_by", "retry_of"]
+
+
 class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
     """Adaptation jobs. Submitting saves the job and enqueues it; ``cancel`` and ``retry`` are POST actions."""
 
@@ -99,7 +103,11 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
     def get_queryset(self):
         queryset = super().get_queryset()
         if self.action == "list":
-            return queryset.defer("log", "error_traceback", "model__config", "model__analysis")
+            # The job's listed columns, and of its team, cluster, model and submitter only the label the list shows:
+            # their other columns (the model's config and analysis JSON, the user's password hash, dates to parse)
+            # were most of the time spent reading a page.
+            return queryset.only(*JOB_LIST_COLUMNS, "team__slug", "cluster__name", "model__name",
+                                 "submitted_by__username")
         return queryset.prefetch_related("stage_runs")
 
     @extend_schema(request=None, responses={200: JobDetailSerializer, 409: CONFLICT})

@@ -5,6 +5,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
+from django.db.models import F
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -21,9 +22,16 @@ from .forms import JobForm
 from .outcomes import outcome
 
 
+def job_table_rows(jobs):
+    """What the job table (templates/adaptation/jobs/_table.html) shows of each job in ``jobs``, as plain values:
+    a job, its cluster, its model and its submitter made as model instances cost more than the rest of the table."""
+    return jobs.values("pk", "stages", "status", "progress", "created", cluster_name=F("cluster__name"),
+                       model_name=F("model__name"), submitted_by_name=F("submitted_by__username"))
+
+
 @login_required
 def dashboard(request):
-    jobs = services.job_rows(request.user)
+    jobs = job_table_rows(services.job_rows(request.user))
     return render(request, "adaptation/jobs/dashboard.html", {
         "clusters": clusters_with_counts(request.user),
         "running_jobs": jobs.filter(status__in=list(ACTIVE_STATUSES))[:20],
@@ -35,7 +43,7 @@ def dashboard(request):
 def job_list(request):
     jobs = services.job_rows(request.user)
     filterset = JobFilterSet(request.GET or None, queryset=jobs, request=request)
-    page = IndexedPaginator(filterset.qs, settings.D0_PAGE_SIZE).get_page(request.GET.get("page"))
+    page = IndexedPaginator(filterset.qs, settings.D0_PAGE_SIZE, rows=job_table_rows).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
     return render(request, "adaptation/jobs/list.html", {"filter": filterset, "page": page,
@@ -67,11 +75,9 @@ def job_create(request):
     return render(request, "adaptation/jobs/form.html", {"form": form, "title": "Submit a job"})
 
 
-def _job_for(request, pk):
-    return get_object_or_404(
-        AdaptationJob.objects.for_user(request.user).select_related("cluster", "model", "submitted_by", "retry_of"),
-        pk=pk,
-    )
+def _job_for(request, pk, jobs=AdaptationJob.objects):
+    """The user's job ``pk`` among ``jobs`` (a 404 for another team's)."""
+    return get_object_or_404(jobs.for_user(request.user), pk=pk)
 
 
 def stage_page(job: AdaptationJob, run: StageRun) -> str | None:
@@ -93,8 +99,13 @@ def stage_page(job: AdaptationJob, run: StageRun) -> str | None:
     return None
 
 
-def job_progress_payload(job: AdaptationJob) -> dict:
-    runs = StageRun.objects.filter(job=job).defer("result").order_by("id")
+def job_progress_payload(job: AdaptationJob, runs: list[StageRun] | None = None) -> dict:
+    """What the job's page shows and polls. ``runs``: the job's stage runs in order, with their results, where the
+    caller has read them already (the page); else they are read here, with their results only once the job has
+    ended (the live polls skip the results, which can be large)."""
+    if runs is None:
+        runs = StageRun.objects.filter(job=job).order_by("id")
+        runs = list(runs if job.is_terminal else runs.defer("result"))
     return {
         "id": job.pk,
         "status": job.status,
@@ -112,9 +123,7 @@ def job_progress_payload(job: AdaptationJob) -> dict:
         ],
         # The job's stages no node has started yet (dispatched one after another), so the page lists what is left.
         "pending_stages": pending_stages(job, runs),
-        # Read from the results once, when the job has ended (the live polls skip the results, which can be large).
-        "outcomes": [outcome(run) for run in StageRun.objects.filter(job=job).order_by("id")]
-        if job.is_terminal else None,
+        "outcomes": [outcome(run) for run in runs] if job.is_terminal else None,
     }
 
 
@@ -131,13 +140,15 @@ def pending_stages(job: AdaptationJob, runs) -> list[str]:
 
 @login_required
 def job_detail(request, pk):
-    job = _job_for(request, pk)
-    stage_runs = list(job.stage_runs.select_related("node").order_by("id"))
+    # Of the model the page shows its name: not its config and analysis JSON, kilobytes to decode.
+    job = _job_for(request, pk, AdaptationJob.objects.select_related("cluster", "model", "submitted_by")
+                   .defer("model__config", "model__analysis"))
+    stage_runs = list(job.stage_runs.order_by("id"))
     return render(request, "adaptation/jobs/detail.html", {
         "job": job,
         "stage_runs": stage_runs,
         "outcomes": [outcome(run) for run in stage_runs],
-        "progress_payload": job_progress_payload(job),
+        "progress_payload": job_progress_payload(job, stage_runs),
     })
 
 

@@ -1,8 +1,41 @@
 import json
+from html import escape
 
 from django import template
+from django.urls import reverse
+from django.utils.formats import localize
+from django.utils.html import format_html
+from django.utils.safestring import mark_safe
+from django.utils.timezone import localtime
+
+from ..choices import JobStatus
 
 register = template.Library()
+
+
+@register.simple_tag
+def status_badge(status, label) -> str:
+    """A coloured status label (d0.css colours ``status-<status>``): a tag rather than an included template, whose
+    context and lookup cost more than the label itself in a table's every row."""
+    return format_html('<span class="status status-{}">{}</span>', status, label)
+
+
+@register.simple_tag
+def job_table_rows(jobs, empty) -> str:
+    """The rows of a job table (templates/adaptation/jobs/_table.html) from ``job_table_rows()``'s values, written in
+    one pass: through the template language (a url tag, a date filter, a badge per row) and Django's escaping they
+    took 2-3 ms of the job list's page and of the dashboard."""
+    rows = "\n".join(
+        f'<tr><td><a href="{reverse("job-detail", args=[job["pk"]])}">#{job["pk"]}</a></td>'
+        f'<td>{escape(", ".join(job["stages"]))}</td><td>{escape(job["cluster_name"])}</td>'
+        f'<td>{escape(job["model_name"] or "—")}</td>'
+        f'<td>{status_badge(job["status"], JobStatus(job["status"]).label)}</td>'
+        f'<td><progress max="1" value="{localize(job["progress"])}"></progress></td>'
+        # The date filter's "Y-m-d H:i:s T", at a tenth of its cost.
+        f'<td>{localtime(job["created"]).strftime("%Y-%m-%d %H:%M:%S %Z")}</td>'
+        f'<td>{escape(job["submitted_by_name"] or "—")}</td></tr>'
+        for job in jobs)
+    return mark_safe(rows) if rows else format_html('<tr><td colspan="8" class="empty">{}</td></tr>', empty)
 
 
 @register.filter

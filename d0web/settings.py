@@ -238,6 +238,19 @@ CELERY_ACCEPT_CONTENT = ["json"]
 # Control-plane tasks are bookkeeping: seconds, not minutes. Node work has its own limits (workers/node.py).
 CELERY_TASK_SOFT_TIME_LIMIT = 60
 CELERY_TASK_TIME_LIMIT = 90
+# A control-plane message whose worker died before acknowledging it (acks_late: killed mid-task, its transaction
+# rolled back) is delivered again this many seconds after it was taken, not after Redis' default hour. It must
+# exceed the task time limit, or a slow task would be delivered twice. The control plane keeps its own bookkeeping
+# of unacknowledged messages, so this short timeout never touches a node's stage messages, which stay
+# unacknowledged for hours while the stage runs.
+D0_CONTROL_REDELIVER_AFTER = env_float("D0_CONTROL_REDELIVER_AFTER", 180.0)
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": D0_CONTROL_REDELIVER_AFTER,
+    # Looked for every few seconds (kombu's default is every 100 s): the scan is one ZRANGE on a small set.
+    "unacked_restore_interval": max(1, min(10, round(D0_CONTROL_REDELIVER_AFTER / 3))),
+    "unacked_restore_throttle": 1,
+    **{f"unacked{part}_key": f"{control_queue()}.unacked{part}" for part in ("", "_index", "_mutex")},
+}
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # Celery's Django fixup closes the database connection around every task unless told to reuse it: a new PostgreSQL
 # connection (10-20 ms) for tasks of a few milliseconds. It is reused instead, and d0web/celery.py starts each task

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import psutil
+import psycopg
 import pytest
 from celery import Celery
 from django.db import connection
@@ -201,3 +202,81 @@ def test_a_control_restart_under_a_backlog_marks_no_live_node_offline(faults, cl
     assert set(statuses) == {"online"}  # never marked offline (that would also have failed its queued jobs)
     outcomes = list(AdaptationJob.objects.filter(pk__in=job_ids).values_list("status", "error"))
     assert all(status == "succeeded" for status, _ in outcomes), outcomes
+
+
+class JobRowLock:
+    """The job's row locked FOR UPDATE from a connection of the test's own: the control worker's transaction that
+    needs it (a dispatch, a finished report) waits on it, so the test can kill the worker at that very point."""
+
+    def __init__(self, job_id: int):
+        self.connection = psycopg.connect(database_url())
+        self.connection.execute("SELECT id FROM adaptation_adaptationjob WHERE id = %s FOR UPDATE", [job_id])
+
+    def waiters(self) -> int:
+        """Control-plane transactions waiting for this lock to take the row for themselves."""
+        with psycopg.connect(database_url(), autocommit=True) as other:
+            return other.execute("SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                                 [self.connection.info.backend_pid]).fetchone()[0]
+
+    def release(self) -> None:
+        self.connection.rollback()
+        self.connection.close()
+
+
+def kill_control_inside_its_transaction(stack: Faults, lock: JobRowLock) -> None:
+    try:
+        wait_for(lock.waiters, 90, "the control worker to wait on the job's row inside its transaction")
+        stack.stack.kill("control")  # SIGKILL, process group and all: no clean-up, no acknowledgement
+    finally:
+        lock.release()  # also when the wait failed: the test database's flush would wait on the lock for ever
+
+
+def test_a_control_worker_killed_inside_dispatch_leaves_the_job_queued_and_it_runs_once(faults, cluster, owner):
+    """Issue 15 item 1: starting a job and dispatching its first stage are one transaction. Killed inside it, the
+    worker commits nothing: the job is still queued, with no stage run; the message comes back (its worker never
+    acknowledged it) and the reconciler finds the job queued too; whichever comes first dispatches it, once."""
+    stack = faults(D0_NODE_TIMEOUT=60, D0_SWEEP_INTERVAL=1, D0_CONTROL_REDELIVER_AFTER=3, D0_RECONCILE_AFTER=4)
+    stack.stack.start_control()
+    stack.stack.start_node("alpha/h100-pod", "kill-dispatch")
+    wait_for(node_online("kill-dispatch"), 90, "node registration")
+    stack.stack.kill("control", signal.SIGTERM)
+
+    job_id = stack.submit(cluster, owner, ["env_probe"])
+    lock = JobRowLock(job_id)
+    stack.stack.start_control()
+    kill_control_inside_its_transaction(stack, lock)
+    job = AdaptationJob.objects.get(pk=job_id)
+    assert (job.status, job.started, job.stage_runs.count()) == ("queued", None, 0)
+
+    stack.stack.start_control()
+    job = wait_for(job_status(job_id, *TERMINAL), 90, "the job to run after the control worker came back")
+    assert job.status == "succeeded", job.error
+    assert job.stage_runs.count() == 1
+    assert job.log.count(" started\n") == 1
+
+
+def test_a_control_worker_killed_between_a_stage_end_and_the_next_step_loses_neither(faults, cluster, owner):
+    """Issue 15 item 1: a finished report's stage end, its result and the job's next step are one transaction.
+    Killed inside it, the worker commits none of it (no half-done job "running" with nothing active); the report
+    is delivered again and does all of it: the env report stored once, the next stage run, the job succeeded."""
+    stack = faults(D0_NODE_TIMEOUT=60, D0_SWEEP_INTERVAL=1, D0_CONTROL_REDELIVER_AFTER=3)
+    stack.stack.start_control()
+    stack.stack.start_node("alpha/h100-pod", "kill-finish")
+    wait_for(node_online("kill-finish"), 90, "node registration")
+
+    job_id = stack.submit(cluster, owner, ["env_check", "env_probe"], {"env_check": {"measure_seconds": 0.5}})
+    wait_for(lambda: StageRun.objects.filter(job_id=job_id, kind="env_check", status="running").first(), 60,
+             "the env check to start")
+    lock = JobRowLock(job_id)
+    kill_control_inside_its_transaction(stack, lock)
+    run = StageRun.objects.get(job_id=job_id, kind="env_check")
+    assert (run.status, run.result) == ("running", None)
+    assert AdaptationJob.objects.get(pk=job_id).env_reports.count() == 0
+
+    stack.stack.start_control()
+    job = wait_for(job_status(job_id, *TERMINAL), 90, "the job to end after the control worker came back")
+    assert job.status == "succeeded", job.error
+    assert job.env_reports.count() == 1
+    assert [(run.kind, run.status) for run in job.stage_runs.order_by("id")] == [("env_check", "succeeded"),
+                                                                               ("env_probe", "succeeded")]
+    assert job.log.count("stage env_check succeeded") == 1

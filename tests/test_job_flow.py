@@ -8,9 +8,10 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from adaptation.clusters import services as clusters
+from adaptation.clusters import trust
 from adaptation.jobs import services as jobs
-from adaptation.models import AdaptationJob, Node, StageRun
-from workers import protocol
+from adaptation.models import AdaptationJob, ControlWorker, Node, RejectedNodeMessage, StageRun
+from workers import protocol, signing
 
 
 def submit(cluster, owner, django_capture_on_commit_callbacks, **extra):
@@ -116,7 +117,21 @@ def test_retry_makes_a_new_job_with_the_same_inputs(job, owner, broker, django_c
         jobs.retry_job(again, owner)
 
 
-def test_the_sweep_marks_a_silent_node_offline_and_fails_its_job(cluster, owner, node, broker, settings,
+def control_worker(name, *, seen, listening):
+    """A control worker whose latest sweep was ``seen`` seconds ago, the control plane listening since
+    ``listening`` seconds ago as it recorded then."""
+    now = timezone.now()
+    return ControlWorker.objects.create(name=name, last_seen=now - timedelta(seconds=seen),
+                                        listening_since=now - timedelta(seconds=listening))
+
+
+@pytest.fixture
+def listening():
+    """The control plane has heard heartbeats for an hour: the sweep may blame a silent node."""
+    return control_worker("control@a", seen=1, listening=3600)
+
+
+def test_the_sweep_marks_a_silent_node_offline_and_fails_its_job(cluster, owner, node, broker, settings, listening,
                                                                  django_capture_on_commit_callbacks):
     settings.D0_NODE_TIMEOUT = 30
     job = submit(cluster, owner, django_capture_on_commit_callbacks)
@@ -131,10 +146,56 @@ def test_the_sweep_marks_a_silent_node_offline_and_fails_its_job(cluster, owner,
     assert job.stage_runs.get().status == "failed"
 
 
-def test_the_sweep_leaves_a_node_with_a_recent_heartbeat_alone(node, settings):
+def test_the_sweep_leaves_a_node_with_a_recent_heartbeat_alone(node, settings, listening):
     settings.D0_NODE_TIMEOUT = 30
     assert jobs.sweep_nodes() == []
     assert Node.objects.get(pk=node.pk).status == "online"
+
+
+def test_the_sweep_blames_no_node_for_silence_the_control_plane_could_not_hear(job, node, settings, caplog):
+    """Issue 15: after the control worker was down (or the broker away) longer than the node timeout, its first
+    sweep ran before the node's first fresh heartbeat was taken, and a live node was marked offline."""
+    settings.D0_NODE_TIMEOUT, settings.D0_SWEEP_INTERVAL = 30, 10
+    job.start()
+    job.stage_runs.get().start()
+    control_worker("control@a", seen=60, listening=3600)  # its previous sweep: a minute ago, then it was down
+    _age(Node, node.pk, "last_heartbeat", 45)
+    clusters.control_worker_seen("control@a")
+    with caplog.at_level("INFO", logger="adaptation.jobs.services"):
+        assert jobs.sweep_nodes() == []
+    assert "less than the node timeout" in caplog.text
+    assert Node.objects.get(pk=node.pk).status == "online"
+    assert AdaptationJob.objects.get(pk=job.pk).status == "running"
+
+    # The control plane has now listened for the whole timeout and still heard nothing from the node.
+    ControlWorker.objects.update(listening_since=timezone.now() - timedelta(seconds=31))
+    clusters.control_worker_seen("control@a")
+    assert jobs.sweep_nodes() == ["gpu-01"]
+    assert AdaptationJob.objects.get(pk=job.pk).status == "failed"
+
+
+def test_a_control_worker_up_all_along_heard_the_heartbeats_while_another_was_down(node, settings):
+    """Listening is the control plane's, not one worker's: the beat sends each sweep to one control worker, and
+    one that was up all along took the heartbeats while the other was down."""
+    settings.D0_NODE_TIMEOUT, settings.D0_SWEEP_INTERVAL = 30, 10
+    steady = control_worker("control@a", seen=5, listening=3600)
+    control_worker("control@b", seen=600, listening=7200)  # down for ten minutes, back now
+    _age(Node, node.pk, "last_heartbeat", 45)
+    clusters.control_worker_seen("control@b")
+    assert ControlWorker.objects.get(name="control@b").listening_since == steady.listening_since
+    assert jobs.sweep_nodes() == ["gpu-01"]
+    assert Node.objects.get(pk=node.pk).status == "offline"
+
+
+def test_a_sweep_within_the_schedule_keeps_listening_and_one_after_a_gap_starts_again(db, settings):
+    settings.D0_SWEEP_INTERVAL = 10
+    control_worker("control@a", seen=20, listening=3600)  # a sweep or two late: the worker was busy
+    clusters.control_worker_seen("control@a")
+    assert timezone.now() - clusters.listening_since() > timedelta(seconds=3500)
+    ControlWorker.objects.update(last_seen=timezone.now() - timedelta(seconds=26))  # more than 2 intervals + 5 s
+    assert clusters.listening_since() is None  # nobody listens now
+    clusters.control_worker_seen("control@a")
+    assert timezone.now() - clusters.listening_since() < timedelta(seconds=5)
 
 
 def test_a_heartbeat_brings_an_offline_node_back(node):
@@ -279,3 +340,51 @@ def test_a_stage_started_after_the_registration_was_sent_is_left_running(job, no
     clusters.register_node(node.cluster, node.hostname, {}, [], node=Node.objects.get(pk=node.pk),
                            signed_ts=time.time() - 60)
     assert StageRun.objects.get(pk=run.pk).status == "running"
+
+
+def signed_registration(node, key, **claim):
+    """A known node's registration as its worker sends it (workers/node.py ``registration``), made by hand."""
+    payload = signing.encode_payload({"task": protocol.REGISTER_NODE, "ts": time.time(),
+                                      "cluster": node.cluster.join_name, "hostname": node.hostname,
+                                      "public_key": key.public_key, "host_facts": {}, "devices": [], **claim})
+    return [payload, key.sign(payload), "", ""]
+
+
+@pytest.fixture
+def keyed_node(node):
+    key = signing.NodeKey.generate()
+    Node.objects.filter(pk=node.pk).update(public_key=key.public_key, key_id=signing.key_id(key.public_key))
+    return node, key
+
+
+def running_run(job):
+    run = job.stage_runs.get()
+    job.start()
+    run.start()
+    _age(StageRun, run.pk, "started", 30)  # the old worker started it before the restart
+    return run
+
+
+def test_a_restart_leaves_the_runs_whose_kept_finished_reports_it_sent_first_to_those_reports(
+        job, cluster, owner, model_spec, keyed_node):
+    """Issue 15: the node sends the finished reports its outbox kept, then registers; two control processes may
+    take both at once, and the registration's "restarted" must not win over the real result."""
+    node, key = keyed_node
+    reported = running_run(job)
+    other_job = AdaptationJob.objects.create(team=cluster.team, cluster=cluster, model=model_spec,
+                                             stages=["env_probe"], submitted_by=owner)
+    StageRun.objects.create(job=other_job, kind="env_probe", node=node, node_name=node.hostname)
+    cut_short = running_run(other_job)
+    assert trust.register(signed_registration(node, key, finished_runs=[reported.pk])) is not None
+    assert StageRun.objects.get(pk=reported.pk).status == "running"  # its report is on its way
+    cut_short.refresh_from_db()
+    assert cut_short.status == "failed" and "restarted while stage env_probe was running" in cut_short.error
+
+
+@pytest.mark.parametrize("finished_runs", ["7", [7, "8"], [True], list(range(protocol.MAX_FINISHED_RUNS + 1))])
+def test_a_registration_with_malformed_finished_runs_is_refused(job, keyed_node, finished_runs):
+    node, key = keyed_node
+    run = running_run(job)
+    assert trust.register(signed_registration(node, key, finished_runs=finished_runs)) is None
+    assert RejectedNodeMessage.objects.filter(reason="registration's finished runs are malformed").exists()
+    assert StageRun.objects.get(pk=run.pk).status == "running"  # nothing applied

@@ -131,6 +131,24 @@ def test_the_started_tasks_file_keeps_the_newest_ids(tmp_path, monkeypatch):
     assert kept == ["c", "d", "e"] and record.first_delivery("a")  # the oldest forgotten, the newest kept
 
 
+def test_a_starting_node_names_the_stage_runs_whose_finished_reports_its_outbox_kept(tmp_path):
+    """Issue 15: sent in the registration, so the control plane does not fail those runs as cut short."""
+    from workers import protocol, signing
+    from workers.node import finished_runs_kept
+    from workers.outbox import Outbox
+
+    key = signing.NodeKey.generate()
+    box = Outbox(tmp_path / "outbox")
+    assert finished_runs_kept(box) == []  # no outbox folder yet: a first start
+    box.put(protocol.STAGE_STARTED, key.message(protocol.STAGE_STARTED, [3]))
+    box.put(protocol.STAGE_FINISHED, key.message(protocol.STAGE_FINISHED, [3, True, {}, "", ""]))
+    box.put(protocol.STAGE_FINISHED, key.message(protocol.STAGE_FINISHED, [5, False, None, "boom", ""]))
+    box.put(protocol.STAGE_FINISHED, ["key", "{not json", "signature"])  # not a report it could have signed
+    (box.folder / "0-half.json").write_text("{half a messa")  # unreadable: flush sets it aside, never blocks
+    assert finished_runs_kept(box) == [3, 5]
+    assert len(box.pending()) == 5  # read, not sent or removed: the flush after it sends them
+
+
 def test_the_outbox_keeps_what_the_broker_refused_and_sends_it_oldest_first(tmp_path):
     from workers.outbox import Outbox
 

@@ -15,6 +15,7 @@ it answers again; progress reports are best-effort.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import socket
@@ -128,12 +129,29 @@ def report_progress(*args) -> None:
         logger.warning("progress report dropped: %s", error)
 
 
-def registration(host: dict, devices: list[dict]) -> list[str]:
+def finished_runs_kept(outbox: Outbox) -> list[int]:
+    """The stage runs whose "finished" reports wait in ``outbox`` (each kept message is [key id, payload,
+    signature], the payload's "args" starting with the stage run's id), at most the newest MAX_FINISHED_RUNS."""
+    runs = []
+    for message in outbox.kept(protocol.STAGE_FINISHED):
+        try:
+            run = json.loads(message[1])["args"][0]
+        except (IndexError, KeyError, TypeError, ValueError):
+            continue  # not a report this worker signed: the control plane drops it when it comes
+        if type(run) is int:
+            runs.append(run)
+    return runs[-protocol.MAX_FINISHED_RUNS:]
+
+
+def registration(host: dict, devices: list[dict], finished_runs: list[int] = ()) -> list[str]:
     """The registration's arguments: [payload, signature, token id, token proof]. The token's secret is never
-    sent: it keys an HMAC of the payload, which the control plane checks against the token it keeps."""
+    sent: it keys an HMAC of the payload, which the control plane checks against the token it keeps.
+    ``finished_runs``: the stage runs whose finished reports this start sends just before, from its outbox, so the
+    control plane leaves them to their report instead of failing them as cut short by the restart."""
     payload = signing.encode_payload({"task": protocol.REGISTER_NODE, "ts": time.time(),
                                       "cluster": identity.cluster_ref, "hostname": identity.hostname,
-                                      "public_key": identity.key.public_key, "host_facts": host, "devices": devices})
+                                      "public_key": identity.key.public_key, "host_facts": host, "devices": devices,
+                                      "finished_runs": list(finished_runs)})
     token_id = proof = ""
     if identity.join_token:
         token_id, secret = signing.split_join_token(identity.join_token)
@@ -201,12 +219,14 @@ def _register_and_beat(sender=None, **kwargs) -> None:
     for folder in remove_stale():
         logger.warning("removed the work folder %s of a stage that did not end cleanly", folder)
     # Reports the last worker could not send go before the registration, which fails the stage runs the old worker
-    # left running: a stage that finished while the broker was away is then taken first and recorded as it ended
-    # (two control processes may take both at once; then the registration's "restarted" can win).
+    # left running: a stage that finished while the broker was away is then taken first and recorded as it ended.
+    # Two control processes may take both at once, so the registration also names the runs whose finished reports
+    # were kept, and the control plane leaves those to their report.
+    finished = finished_runs_kept(identity.outbox)
     left = identity.outbox.flush(_sender())
     if left:
         logger.warning("%d report(s) from before this start still wait in %s", left, identity.outbox.folder)
-    app.send_task(protocol.REGISTER_NODE, args=registration(host, probe_devices(host)),
+    app.send_task(protocol.REGISTER_NODE, args=registration(host, probe_devices(host), finished),
                   queue=protocol.control_queue())
     threading.Thread(target=_heartbeat_loop, name="d0-heartbeat", daemon=True).start()
     logger.info("node %s (key %s) sent its registration to cluster %s; it consumes queue %s", identity.hostname,

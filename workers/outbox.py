@@ -41,6 +41,18 @@ class Outbox:
         except FileNotFoundError:
             return []
 
+    def kept(self, task: str) -> list[list]:
+        """The waiting messages sent as ``task``, oldest first (an unreadable one is ``flush``'s to set aside)."""
+        messages = []
+        for path in self.pending():
+            try:
+                entry = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(entry, dict) and entry.get("task") == task:
+                messages.append(entry["message"])
+        return messages
+
     def put(self, task: str, message: list) -> Path:
         self.folder.mkdir(parents=True, exist_ok=True)
         # Time first, so names sort oldest first; the pid and a counter keep the names of a node's pool processes

@@ -24,6 +24,11 @@ RUN_STAGE = "d0.node.run_stage"
 
 DEFAULT_CONTROL_QUEUE = "d0.control"
 
+# A registration names the stage runs whose "finished" reports the starting node found kept in its outbox (sent
+# just before it), so the control plane does not fail them as cut short by the restart. A node runs a handful of
+# stages at once: more than this is no honest outbox, and the registration is refused as malformed.
+MAX_FINISHED_RUNS = 500
+
 
 def control_queue() -> str:
     return os.environ.get("D0_CONTROL_QUEUE", DEFAULT_CONTROL_QUEUE)

@@ -44,8 +44,30 @@ def rejected_messages(cluster: Cluster) -> list[dict]:
 # --- liveness -------------------------------------------------------------------------------------------
 
 
+def _heard_since(workers, now):
+    """Since when the control plane has run the sweep without a gap, as the latest sweep among ``workers``
+    recorded it; None when that sweep is older than the beat's schedule and a busy worker explain (or there is
+    none): the control plane was down or could not reach the broker, and heartbeats sent meanwhile went unheard."""
+    latest = workers.order_by("-last_seen").only("last_seen", "listening_since").first()
+    if latest is None or now - latest.last_seen > timedelta(seconds=2 * settings.D0_SWEEP_INTERVAL + 5):
+        return None
+    return latest.listening_since
+
+
+@transaction.atomic
 def control_worker_seen(name: str) -> None:
-    ControlWorker.objects.update_or_create(name=name[:255], defaults={"last_seen": timezone.now()})
+    """``name`` runs the sweep now; the control plane has listened since the latest sweep's record, or starts now
+    after a gap. Measured across control workers, not per worker: the beat sends each sweep to one of them, so a
+    worker may go several intervals without one while another hears every heartbeat."""
+    now = timezone.now()
+    # The latest row locked, so two sweeps taken at once after a gap agree on when listening started.
+    since = _heard_since(ControlWorker.objects.select_for_update(), now) or now
+    ControlWorker.objects.update_or_create(name=name[:255], defaults={"last_seen": now, "listening_since": since})
+
+
+def listening_since():
+    """Since when the control plane has been hearing node heartbeats without a gap; None when nobody listens."""
+    return _heard_since(ControlWorker.objects, timezone.now())
 
 
 def live_workers(user) -> dict:
@@ -60,9 +82,11 @@ def live_workers(user) -> dict:
 
 
 def register_node(cluster: Cluster, hostname: str, host_facts: dict, devices: list[dict], *, node: Node | None = None,
-                  public_key: str = "", key_id: str | None = None, signed_ts: float = 0.0) -> Node:
+                  public_key: str = "", key_id: str | None = None, signed_ts: float = 0.0,
+                  finished_runs: list[int] = ()) -> Node:
     """Create or update a node from its registration (``trust.register`` has checked who sent it): online unless
-    draining, its queue named by the control plane, host facts and devices as reported, its key bound."""
+    draining, its queue named by the control plane, host facts and devices as reported, its key bound, and the
+    stages its old worker left running settled (but ``finished_runs``, whose reports are on their way)."""
     now = timezone.now()
     if node is None:
         node = Node(cluster=cluster, hostname=hostname)
@@ -92,14 +116,16 @@ def register_node(cluster: Cluster, hostname: str, host_facts: dict, devices: li
         node.devices.exclude(pk__in=seen).delete()
     logger.info("node %s registered in %s with %d devices", hostname, cluster.join_name, len(seen))
     if node.pk and signed_ts:
-        settle_runs_of_restarted_node(node, signed_ts)
+        settle_runs_of_restarted_node(node, signed_ts, finished_runs)
     return node
 
 
-def settle_runs_of_restarted_node(node: Node, registered_ts: float) -> int:
+def settle_runs_of_restarted_node(node: Node, registered_ts: float, finished_runs: list[int] = ()) -> int:
     """A node registers when its worker starts: a stage it was running before (started before this registration
     was sent) ended with the old worker process and will send no result, so it fails now with that reason instead
-    of staying "running" until the stage timeout. Stages queued for it stay: their messages wait in its queue."""
+    of staying "running" until the stage timeout. Stages queued for it stay: their messages wait in its queue.
+    So do ``finished_runs``: their finished reports, kept in the node's outbox, were sent just before this
+    registration, and another control process may be storing one right now."""
     from datetime import UTC, datetime
 
     from ..choices import JobStatus
@@ -108,7 +134,8 @@ def settle_runs_of_restarted_node(node: Node, registered_ts: float) -> int:
 
     before = datetime.fromtimestamp(registered_ts, tz=UTC)
     failed = 0
-    for run in StageRun.objects.filter(node=node, status=JobStatus.RUNNING, started__lt=before):
+    running = StageRun.objects.filter(node=node, status=JobStatus.RUNNING, started__lt=before)
+    for run in running.exclude(pk__in=list(finished_runs)):
         failed += jobs.fail_stage_run(run, f"Node {node.hostname} restarted while stage {run.kind} was running: the "
                                            "worker process that ran it ended, so no result will come.")
     return failed

@@ -149,7 +149,8 @@ def newest(sender: Sender, task: str) -> bool:
 
 def register(args) -> Node | None:
     """A node worker's registration: ``[payload, signature, token id, token proof]``. The payload carries the
-    cluster's join name, the hostname, host facts, devices and the node's public key, signed by that key. A new
+    cluster's join name, the hostname, host facts, devices, the node's public key and the stage runs whose finished
+    reports it sent just before (``finished_runs``), signed by that key. A new
     hostname needs a usable join token of that cluster; a known one only its own key."""
     task = protocol.REGISTER_NODE
     try:
@@ -180,6 +181,10 @@ def _register(payload: str, signature: str, token_id: str, proof: str) -> Node:
             isinstance(device, dict) and isinstance(device.get("kind"), str) and isinstance(device.get("index"), int)
             for device in devices):
         raise Rejected("registration's host facts or devices are malformed", detail=detail)
+    finished_runs = claim.get("finished_runs", [])
+    if not isinstance(finished_runs, list) or len(finished_runs) > protocol.MAX_FINISHED_RUNS or not all(
+            type(run) is int for run in finished_runs):  # bool is an int subclass: not a stage run id
+        raise Rejected("registration's finished runs are malformed", detail=detail)
     try:
         signing.verify(public_key, payload, signature)
     except signing.SignatureError:
@@ -200,8 +205,8 @@ def _register(payload: str, signature: str, token_id: str, proof: str) -> Node:
         if node is not None and data["ts"] <= node.last_signed_ts:
             raise Rejected("replayed registration", cluster, detail)
         try:
-            node = register_node(cluster, hostname, host_facts, devices,
-                                 node=node, public_key=public_key, key_id=key_id, signed_ts=float(data["ts"]))
+            node = register_node(cluster, hostname, host_facts, devices, node=node, public_key=public_key,
+                                 key_id=key_id, signed_ts=float(data["ts"]), finished_runs=finished_runs)
         except IntegrityError:
             raise Rejected("this key is already bound to another node", cluster, detail) from None
         if token is not None:

@@ -475,9 +475,18 @@ def reconcile_jobs() -> dict[str, int]:
 
 
 def sweep_nodes() -> list[str]:
-    """Mark nodes offline after missed heartbeats and fail the work they held. Returns their hostnames."""
+    """Mark nodes offline after missed heartbeats and fail the work they held. Returns their hostnames.
+
+    Only silence the control plane was there to hear counts: while it has listened for less than the timeout (it
+    was down, or the broker was away), a node's last heartbeat is old because nobody took the newer ones."""
     timeout = settings.D0_NODE_TIMEOUT
     cutoff = timezone.now() - timedelta(seconds=timeout)
+    listening_since = clusters.listening_since()
+    if listening_since is None or listening_since > cutoff:
+        listened = f"since {listening_since:%H:%M:%S} UTC" if listening_since else "not at all lately"
+        logger.info("no node marked offline: the control plane has listened for heartbeats %s, less than the node "
+                    "timeout (%gs)", listened, timeout)
+        return []
     stale = Node.objects.filter(status__in=[NodeStatus.ONLINE, NodeStatus.DRAINING], last_heartbeat__lt=cutoff)
     gone = []
     for node in stale:

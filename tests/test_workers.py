@@ -170,3 +170,15 @@ def test_the_outbox_keeps_what_the_broker_refused_and_sends_it_oldest_first(tmp_
     assert box.pending() == [] and (box.folder / "0-bad.bad").exists()
     with box.locked():  # another sender holds it: a flush that may not wait gives way
         assert box.flush(send, wait=False) == -1
+
+
+def test_a_node_imports_what_its_stages_run_before_its_pool_forks():
+    """The engine imports stage code lazily (the web tier reads its registry without torch); a node imports it at
+    start, so a cancel's SIGTERM never lands inside a stage's first import of it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from workers import node; node.import_stage_code(); "
+            "missing = [name for name in node.STAGE_CODE if name not in sys.modules]; print(missing)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert result.stdout.strip() == "[]"

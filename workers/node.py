@@ -15,6 +15,7 @@ it answers again; progress reports are best-effort.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -245,6 +246,20 @@ def _leave(**kwargs) -> None:
         logger.exception("could not tell the control plane that this node leaves")
 
 
+# What the stages run, imported lazily by the engine (the web tier reads its stage registry without torch).
+STAGE_CODE = ("torch", "transformers", "workers.engine.envcheck.measure", "workers.engine.coverage.report",
+              "workers.engine.models", "workers.engine.sharding.launcher", "workers.engine.sweep.backends",
+              "workers.engine.sweep.evaluation", "workers.engine.sweep.roofline", "workers.engine.serving.prediction")
+
+
+def import_stage_code() -> None:
+    """Imported once, before the pool forks: every stage starts without paying for its imports, and no stage is
+    cut short (a cancel's SIGTERM) half-way through a first import, which leaves a module that cannot be imported
+    again in that process ("cannot load module more than once per process" for the next stage there)."""
+    for name in STAGE_CODE:
+        importlib.import_module(name)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.node", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -298,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     # The serve stage reads the node's engines from here: a job can pick an engine by name, never an interpreter.
     os.environ["D0_ENGINES"] = " ".join(args.engines)
     allow_only(NODE_COMMANDS)
+    import_stage_code()
     app.worker_main([
         "worker",
         "--queues", identity.queue,

@@ -179,8 +179,8 @@ class RejectedNodeMessageAdmin(RecordedByTheControlPlane):
 
 @admin.register(ControlWorker)
 class ControlWorkerAdmin(RecordedByTheControlPlane):
-    list_display = ["name", "last_seen"]
-    readonly_fields = ["name", "last_seen"]
+    list_display = ["name", "last_seen", "listening_since"]
+    readonly_fields = ["name", "last_seen", "listening_since"]
 
 
 @admin.register(ServingEndpoint)

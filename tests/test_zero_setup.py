@@ -111,9 +111,19 @@ def test_the_run_command_serves_d0_and_runs_a_job_with_no_external_services(tmp_
     assert alive == [], f"processes left behind: {alive}"
 
 
-def test_up_refuses_a_second_start_and_its_processes_die_with_it(tmp_path):
-    """Issue 15: killing `up` outright left 11 of 12 children running, and a second `up` on the same var/ folder
-    failed to bind and exited 0."""
+def sign_in(base, var) -> str:
+    """An API token of the demo user `up` made."""
+    username, password = (var / "demo-credentials.txt").read_text().split()
+    request = urllib.request.Request(f"{base}/api/token/", data=f"username={username}&password={password}".encode())
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)["token"]
+
+
+def test_up_refuses_a_second_start_its_processes_die_with_it_and_a_restart_settles_the_job_it_was_running(
+        tmp_path):
+    """Issue 15: killing `up` outright left 11 of 12 children running, a second `up` on the same var/ folder failed
+    to bind and exited 0, and after a crash the job that was running stayed running for hours. Now the processes die
+    with it, a second start refuses, and the restarted node's registration fails the stage its old worker ran."""
     processes, up, base, env = start_up(tmp_path)
     try:
         wait_for(quietly(lambda: call(f"{base}/api/status/") == {"status": "up"}), 120, "the web server")
@@ -123,6 +133,17 @@ def test_up_refuses_a_second_start_and_its_processes_die_with_it(tmp_path):
         assert f"d0 is already running on {tmp_path / 'var'} (manage.py up, pid {up.pid})" in processes.log("second")
         children = psutil.Process(up.pid).children(recursive=True)
         assert len(children) >= 5  # the broker, gunicorn and its worker, the control and node workers
+
+        token = sign_in(base, tmp_path / "var")
+        cluster = wait_for(quietly(lambda: [c for c in call(f"{base}/api/clusters/", token=token)["results"]
+                                            if c["nodes_online"]]), 120, "the local node")[0]
+        job = call(f"{base}/api/jobs/", {"cluster": cluster["id"], "stages": ["env_check"],
+                                         "parameters": {"env_check": {"measure_seconds": 30}}}, token=token)
+        def running():
+            runs = call(f"{base}/api/jobs/{job['id']}/", token=token)["stage_runs"]
+            return runs and runs[0]["status"] == "running"
+
+        wait_for(running, 120, "the env check to run")
     except BaseException:
         print(processes.log("up"))
         raise
@@ -130,4 +151,21 @@ def test_up_refuses_a_second_start_and_its_processes_die_with_it(tmp_path):
     up.wait(timeout=10)
     processes.running.clear()
     gone, alive = psutil.wait_procs(children, timeout=30)
-    assert alive == [], f"processes left behind: {[process.info for process in alive]}"
+    assert alive == [], f"processes left behind: {[process.cmdline() for process in alive]}"
+
+    processes, up, base, env = start_up(tmp_path)
+    try:
+        ended = wait_for(quietly(lambda: (j := call(f"{base}/api/jobs/{job['id']}/", token=token))["status"]
+                                 in ("succeeded", "failed") and j), 180, "the restart to settle the job")
+        assert ended["status"] == "failed"
+        assert "restarted while stage env_check was running" in ended["error"], ended["error"]
+    except BaseException:
+        print(processes.log("up"))
+        raise
+    finally:
+        children = psutil.Process(up.pid).children(recursive=True)
+        os.kill(up.pid, signal.SIGTERM)
+        up.wait(timeout=30)
+        processes.running.clear()
+    gone, alive = psutil.wait_procs(children, timeout=20)
+    assert alive == [], f"processes left behind: {alive}"

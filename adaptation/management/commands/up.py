@@ -103,9 +103,12 @@ class Command(BaseCommand):
             _, token = create_join_token(cluster, None, hours=1, description="manage.py up: the local node")
             environments["node"] = {**os.environ, "D0_JOIN_TOKEN": token}
         # Sessions of their own (a terminal's Ctrl-C reaches `up` once, which stops them in order), and each dies
-        # with `up` if `up` is killed outright, so no worker outlives it.
+        # with `up` if `up` is killed outright, so no worker outlives it. The node's signal is Celery's cold
+        # shutdown: a warm one would first let its running stage finish, which may take hours; the restarted node's
+        # registration then fails that stage with the reason.
         processes = {name: subprocess.Popen(command, start_new_session=True, env=environments.get(name),
-                                            preexec_fn=die_with_parent(signal.SIGTERM))
+                                            preexec_fn=die_with_parent(signal.SIGQUIT if name == "node"
+                                                                       else signal.SIGTERM))
                      for name, command in commands.items()}
         # Watched like the others, but stopped after them (by handle), so workers can still ack and report.
         watched = {**processes, **({"broker": broker} if broker else {})}

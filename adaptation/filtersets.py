@@ -12,6 +12,21 @@ from .choices import CheckVerdict, DeviceKind, JobStatus, NodeStatus
 from .models import AdaptationJob, Cluster, Device, EnvReport, Link, ModelSpec, Node, StageRun
 
 
+class IntegerFilter(django_filters.NumberFilter):
+    """A whole number or a 400 (django-filter's NumberFilter takes decimals: ``?cluster=0.5`` matched nothing)."""
+
+    field_class = forms.IntegerField
+
+
+class StrictBooleanFilter(django_filters.TypedChoiceFilter):
+    """true/false (or 1/0) or a 400: django-filter's BooleanFilter reads any other value as "not given" and answers
+    every row, so ``?p2p_ok=no`` would look like a filter that found them all."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, choices=[(value, value) for value in ("true", "false", "1", "0")],
+                         coerce=lambda value: value in ("true", "1"), **kwargs)
+
+
 class TeamScopedFilterSet(django_filters.FilterSet):
     """Every row choice (``?cluster=``, ``?model=``, ``?job=``…) limited to the requesting user's teams: another
     team's id is "not one of the available choices", exactly like an id that does not exist."""
@@ -81,7 +96,7 @@ class NodeFilterSet(TeamScopedFilterSet):
 
 class DeviceFilterSet(TeamScopedFilterSet):
     kind = django_filters.ChoiceFilter(choices=DeviceKind.choices)
-    cluster = django_filters.NumberFilter(field_name="node__cluster")
+    cluster = IntegerFilter(field_name="node__cluster")
 
     class Meta:
         model = Device
@@ -89,6 +104,8 @@ class DeviceFilterSet(TeamScopedFilterSet):
 
 
 class LinkFilterSet(TeamScopedFilterSet):
+    p2p_ok = StrictBooleanFilter()
+
     class Meta:
         model = Link
         fields = ["cluster", "kind", "p2p_ok"]
@@ -125,7 +142,7 @@ class StageRunFilterSet(TeamScopedFilterSet):
 
 class EnvReportFilterSet(TeamScopedFilterSet):
     verdict = django_filters.ChoiceFilter(choices=CheckVerdict.choices)
-    cluster = django_filters.NumberFilter(field_name="node__cluster")
+    cluster = IntegerFilter(field_name="node__cluster")
 
     class Meta:
         model = EnvReport

@@ -238,3 +238,24 @@ def test_a_nul_in_a_query_string_or_a_cluster_name_is_a_400(member_api, owner_ap
     response = owner_api.generic("POST", "/api/clusters/", '{"name": "c\\u0000", "team": "al\\u0000pha"}',
                                  content_type="application/json")
     assert response.status_code == 400
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("url", ["/api/devices/?cluster=0.5", "/api/env-reports/?cluster=1e3",
+                                 "/api/links/?p2p_ok=-58800", "/api/links/?p2p_ok=maybe"])
+def test_a_filter_value_of_the_wrong_type_is_a_400_not_every_row(member_api, url):
+    """Found by schemathesis: a decimal id matched nothing and a boolean that was no boolean matched everything,
+    both with a 200 that looked like an answer."""
+    response = member_api.get(url)
+    assert response.status_code == 400, response.content
+    assert set(response.json()) & {"cluster", "p2p_ok"}
+
+
+@pytest.mark.django_db
+def test_boolean_and_id_filters_still_filter(member_api, cluster, node):
+    from adaptation.models import Link
+
+    Link.objects.create(cluster=cluster, source_node=node, target_node=node, kind="nvlink", p2p_ok=False)
+    assert member_api.get("/api/links/?p2p_ok=false").json()["count"] == 1
+    assert member_api.get("/api/links/?p2p_ok=true").json()["count"] == 0
+    assert member_api.get(f"/api/devices/?cluster={cluster.pk}").json()["count"] == 1

@@ -11,4 +11,4 @@ COPY . .
 RUN useradd --system --home /var/lib/d0 --create-home d0 && chown -R d0 /var/lib/d0
 USER d0
 EXPOSE 8000
-CMD ["gunicorn", "d0web.wsgi", "--bind", "0.0.0.0:8000", "--workers", "3"]
+CMD ["gunicorn", "d0web.wsgi", "--config", "d0web/gunicorn.conf.py", "--bind", "0.0.0.0:8000"]

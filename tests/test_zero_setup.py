@@ -54,14 +54,28 @@ def start_up(tmp_path):
     return processes, up, base, env
 
 
+def stop(processes, up) -> list[psutil.Process]:
+    """Stops `up` as Ctrl-C would; the processes it had started, which must end with it."""
+    children = psutil.Process(up.pid).children(recursive=True)
+    os.kill(up.pid, signal.SIGTERM)
+    up.wait(timeout=30)
+    processes.running.clear()
+    return children
+
+
+def sign_in(base, var) -> str:
+    """An API token of the demo user `up` made."""
+    username, password = (var / "demo-credentials.txt").read_text().split()
+    request = urllib.request.Request(f"{base}/api/token/", data=f"username={username}&password={password}".encode())
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)["token"]
+
+
 def test_the_run_command_serves_d0_and_runs_a_job_with_no_external_services(tmp_path):
     processes, up, base, env = start_up(tmp_path)
     try:
         wait_for(quietly(lambda: call(f"{base}/api/status/") == {"status": "up"}), 120, "the web server")
-        username, password = (tmp_path / "var" / "demo-credentials.txt").read_text().split()
-        request = urllib.request.Request(f"{base}/api/token/", data=f"username={username}&password={password}".encode())
-        with urllib.request.urlopen(request, timeout=10) as response:
-            token = json.load(response)["token"]
+        token = sign_in(base, tmp_path / "var")
         status = wait_for(quietly(lambda: all((s := call(f"{base}/api/status/", token=token))["workers"].values())
                                   and s), 120, "the control worker and the node worker to come up")
         assert status == {"status": "up", "database": "ok", "broker": "ok", "workers": {"control": 1, "node": 1}}
@@ -103,20 +117,9 @@ def test_the_run_command_serves_d0_and_runs_a_job_with_no_external_services(tmp_
         print(processes.log("up"))
         raise
     finally:
-        children = psutil.Process(up.pid).children(recursive=True)
-        os.kill(up.pid, signal.SIGTERM)
-        up.wait(timeout=30)
-        processes.running.clear()
+        children = stop(processes, up)
     gone, alive = psutil.wait_procs(children, timeout=20)
     assert alive == [], f"processes left behind: {alive}"
-
-
-def sign_in(base, var) -> str:
-    """An API token of the demo user `up` made."""
-    username, password = (var / "demo-credentials.txt").read_text().split()
-    request = urllib.request.Request(f"{base}/api/token/", data=f"username={username}&password={password}".encode())
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.load(response)["token"]
 
 
 def test_up_refuses_a_second_start_its_processes_die_with_it_and_a_restart_settles_the_job_it_was_running(
@@ -163,9 +166,6 @@ def test_up_refuses_a_second_start_its_processes_die_with_it_and_a_restart_settl
         print(processes.log("up"))
         raise
     finally:
-        children = psutil.Process(up.pid).children(recursive=True)
-        os.kill(up.pid, signal.SIGTERM)
-        up.wait(timeout=30)
-        processes.running.clear()
+        children = stop(processes, up)
     gone, alive = psutil.wait_procs(children, timeout=20)
     assert alive == [], f"processes left behind: {alive}"

@@ -73,7 +73,8 @@ def job_rows(user):
 
 
 @transaction.atomic
-def submit_job(*, team, user, cluster, stages, model=None, parameters=None, retry_of=None) -> AdaptationJob:
+def submit_job(*, team, user, cluster, stages, model=None, parameters=None, retry_of=None,
+               notes=()) -> AdaptationJob:
     job = AdaptationJob(
         team=team,
         cluster=cluster,
@@ -83,7 +84,7 @@ def submit_job(*, team, user, cluster, stages, model=None, parameters=None, retr
         submitted_by=user,
         retry_of=retry_of,
         celery_task_id=str(uuid.uuid4()),
-        log=stamped(f"submitted by {user} to cluster {cluster.name}: {', '.join(stages)}"),
+        log=stamped(f"submitted by {user} to cluster {cluster.name}: {', '.join(stages)}", *notes),
     )
     # The related rows are instances the caller loaded (scoped to the team): no query to check that they exist.
     job.full_clean(exclude=["team", "cluster", "model", "submitted_by", "retry_of"])
@@ -102,11 +103,10 @@ def submit_adaptation(*, model: ModelSpec, cluster: Cluster, user) -> Adaptation
     # report says so).
     serve = serving.cluster_serves(cluster)
     final = ("serve_sweep", serving.ADAPTATION_SERVE_SWEEP) if serve else ("sweep", sweeps.ADAPTATION_SWEEP)
-    job = submit_job(team=cluster.team, user=user, cluster=cluster, model=model, stages=[*ADAPT_STAGES[:-1], final[0]],
-                     parameters={"op_coverage": {"compile": False}, "sharded_run": layout, final[0]: final[1]})
-    job.append_log(f"adaptation: model analysed at upload ({model.analysis.get('method') if model.analysis else '?'});"
-                   f" sharded run uses {why}")
-    return job
+    method = model.analysis.get("method") if model.analysis else "?"
+    return submit_job(team=cluster.team, user=user, cluster=cluster, model=model, stages=[*ADAPT_STAGES[:-1], final[0]],
+                      parameters={"op_coverage": {"compile": False}, "sharded_run": layout, final[0]: final[1]},
+                      notes=[f"adaptation: model analysed at upload ({method}); sharded run uses {why}"])
 
 
 def retry_job(job: AdaptationJob, user) -> AdaptationJob:
@@ -405,12 +405,9 @@ def record_stage_finished(stage_run_id: int, ok: bool, result, error: str, trace
             fail_job(job, f"Stage {run.kind} on {run.node_name} finished, but its result could not be stored: "
                           f"{type(problem).__name__}: {problem}", format_exc())
             return
-        _advance(job, list(job.stage_runs.only(*ADVANCE_RUN_FIELDS)), [f"stage {run.kind} succeeded on {run.node_name}"
-                                                   f"{_took(started, run.finished)}{_verdict_note(result)}"])
-
-
-def _took(started, finished) -> str:
-    return f" in {(finished - started).total_seconds():.1f}s" if started and finished else ""
+        run.started = started or run.finished  # what the Coalesce wrote, without reading the row back
+        _advance(job, list(job.stage_runs.only(*ADVANCE_RUN_FIELDS)), [
+            f"stage {run.kind} succeeded on {run.node_name} in {run.duration_seconds:.1f}s{_verdict_note(result)}"])
 
 
 def _verdict_note(result) -> str:

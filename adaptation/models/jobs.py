@@ -177,10 +177,6 @@ class AdaptationJob(StatusTransitions):
                         ", ".join(sorted(set(roots))) or "none configured: start node workers with --data-root")
                         + ")")
 
-    def append_log(self, *lines: str) -> None:
-        AdaptationJob.objects.filter(pk=self.pk).update(log=log_lines(*lines))
-        self.__dict__.pop("log", None)
-
 
 def stamped(*lines: str) -> str:
     stamp = timezone.now().strftime("%H:%M:%S")

@@ -22,4 +22,13 @@ class IndexedPaginator(Paginator):
 
 
 class IndexedPageNumberPagination(PageNumberPagination):
-    django_paginator_class = IndexedPaginator
+    """DRF's page numbers over ``IndexedPaginator``; a view's ``page_rows`` (if any) reads the page's rows."""
+
+    rows = None
+
+    def paginate_queryset(self, queryset, request, view=None):
+        self.rows = getattr(view, "page_rows", None)
+        return super().paginate_queryset(queryset, request, view)
+
+    def django_paginator_class(self, queryset, per_page):
+        return IndexedPaginator(queryset, per_page, rows=self.rows)

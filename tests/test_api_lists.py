@@ -25,6 +25,24 @@ def test_jobs_filter_by_status_and_stage(member_api, cluster, owner):
     assert ids("ordering=created") == [queued.pk, running.pk, failed.pk]
 
 
+def test_the_list_writes_each_job_as_the_job_serializer_does(member_api, cluster, owner, model_spec, settings):
+    """The list reads a page as plain values (JobRowSerializer); each row must be what JobSerializer writes of that
+    job: a model or none, a submitter or none, dates set or not, a retry, in another time zone than UTC."""
+    from adaptation.jobs.api import JobSerializer
+
+    settings.TIME_ZONE = "Europe/Paris"
+    first, second, third = make_jobs(cluster, owner, ["succeeded", "running", "queued"])
+    AdaptationJob.objects.filter(pk=first.pk).update(model=model_spec, started=timezone.now(),
+                                                     finished=timezone.now(), error="a <b>reason</b>",
+                                                     parameters={"env_check": {"quick": True}}, progress=1.0)
+    AdaptationJob.objects.filter(pk=second.pk).update(submitted_by=None, retry_of=first, started=timezone.now())
+    listed = member_api.get("/api/jobs/").json()["results"]
+    expected = [JobSerializer(AdaptationJob.objects.get(pk=job.pk)).data for job in (third, second, first)]
+    assert listed == expected
+    assert listed[2]["model_name"] == model_spec.name and listed[1]["submitted_by"] is None
+    assert listed[2]["finished"].endswith("+01:00")
+
+
 def test_a_bad_filter_value_is_a_field_error(member_api, cluster):
     response = member_api.get("/api/jobs/?status=exploded")
     assert response.status_code == 400

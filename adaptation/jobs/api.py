@@ -1,6 +1,7 @@
 """Jobs and their stage runs: ``/api/jobs/`` (submit; ``cancel`` and ``retry`` actions) and ``/api/stage-runs/``."""
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import F
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
@@ -81,8 +82,29 @@ class JobDetailSerializer(JobSerializer):
         read_only_fields = [*JobSerializer.Meta.read_only_fields, "error_traceback", "log"]
 
 
-JOB_LIST_COLUMNS = ["id", "team", "cluster", "model", "stages", "parameters", "status", "progress", "created",
-                    "started", "finished", "error", "submitted_by", "retry_of"]
+def job_list_rows(jobs):
+    """A page of the job list as plain values: the job's listed columns and, of its team, cluster, model and
+    submitter, the label the list shows."""
+    return jobs.values("id", "cluster", "model", "stages", "parameters", "status", "progress", "created", "started",
+                       "finished", "error", "retry_of", team_slug=F("team__slug"), cluster_name=F("cluster__name"),
+                       model_name=F("model__name"), submitted_by_name=F("submitted_by__username"))
+
+
+class JobRowSerializer(serializers.BaseSerializer):
+    """A row of ``job_list_rows`` as JobSerializer writes the job (tests/test_api_lists.py holds them equal): a
+    job, its team, cluster, model and submitter made as model instances and read through DRF's fields per column
+    were 70% of the list's CPU at 10,000 jobs. The dates go through DRF's own DateTimeField."""
+
+    _date = serializers.DateTimeField()
+
+    def to_representation(self, row):
+        date = self._date.to_representation
+        return {"id": row["id"], "team": row["team_slug"], "cluster": row["cluster"],
+                "cluster_name": row["cluster_name"], "model": row["model"], "model_name": row["model_name"],
+                "stages": row["stages"], "parameters": row["parameters"], "status": row["status"],
+                "progress": row["progress"], "created": date(row["created"]), "started": date(row["started"]),
+                "finished": date(row["finished"]), "error": row["error"], "submitted_by": row["submitted_by_name"],
+                "retry_of": row["retry_of"]}
 
 
 class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
@@ -93,22 +115,25 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
     ordering_fields = ["created", "status", "finished"]
     ordering = ["-created"]
     pagination_class = IndexedPageNumberPagination
+    page_rows = staticmethod(job_list_rows)  # how the list reads a page's rows (IndexedPageNumberPagination)
     select_related = ("team", "cluster", "model", "submitted_by")
 
     def get_serializer_class(self):
         if self.action in ("retrieve", "cancel", "retry"):
             return JobDetailSerializer
+        if self.action == "list" and getattr(self, "request", None) is not None:  # not the schema's
+            return JobRowSerializer
         return JobSerializer
 
     def get_queryset(self):
-        queryset = super().get_queryset()
         if self.action == "list":
-            # The job's listed columns, and of its team, cluster, model and submitter only the label the list shows:
-            # their other columns (the model's config and analysis JSON, the user's password hash, dates to parse)
-            # were most of the time spent reading a page.
-            return queryset.only(*JOB_LIST_COLUMNS, "team__slug", "cluster__name", "model__name",
-                                 "submitted_by__username")
-        return queryset.prefetch_related("stage_runs")
+            # The page's ids come from the team's covering index; only the page's rows are joined (page_rows).
+            return self.queryset.for_user(self.request.user)
+        return super().get_queryset().prefetch_related("stage_runs")
+
+    @extend_schema(responses=JobSerializer(many=True))
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
 
     @extend_schema(request=None, responses={200: JobDetailSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])

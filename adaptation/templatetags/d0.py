@@ -1,7 +1,7 @@
 import json
 from html import escape
 
-from django import template
+from django import forms, template
 from django.urls import reverse
 from django.utils.formats import localize
 from django.utils.html import format_html
@@ -36,6 +36,58 @@ def job_table_rows(jobs, empty) -> str:
         f'<td>{escape(job["submitted_by_name"] or "—")}</td></tr>'
         for job in jobs)
     return mark_safe(rows) if rows else format_html('<tr><td colspan="8" class="empty">{}</td></tr>', empty)
+
+
+@register.simple_tag
+def model_table_rows(models) -> str:
+    """The rows of the model list (templates/adaptation/intake/model_list.html) from ``model_table_rows()``'s values,
+    written in one pass like ``job_table_rows``: through the template language they were 60% of the page's CPU."""
+    rows = []
+    for spec in models:
+        coverage = "—"
+        if spec["latest_coverage"] is not None:  # the widthratio tag's rounding
+            coverage = (f'<a href="{reverse("model-coverage", args=[spec["pk"]])}">'
+                        f'{round(float(spec["latest_coverage"]) * 100)}%</a>')
+        rows.append(
+            f'<tr><td><a href="{reverse("model-detail", args=[spec["pk"]])}">{escape(spec["name"])}</a></td>'
+            f'<td>{escape(spec["architecture"] or "—")}</td>'
+            f'<td>{billions(spec["total_params"])}</td><td>{billions(spec["active_params"])}</td>'
+            f'<td>{escape(spec["shipped_quantization"] or spec["shipped_dtype"] or "—")}</td><td>{coverage}</td>'
+            f'<td>{escape(spec["team_name"])}</td><td>{escape(spec["created_by_name"] or "—")}</td>'
+            f'<td>{localtime(spec["created"]).strftime("%Y-%m-%d %H:%M %Z")}</td></tr>')
+    return mark_safe("\n".join(rows)) if rows else mark_safe(
+        '<tr><td colspan="9" class="empty">No models yet: upload a released config.json.</td></tr>')
+
+
+@register.simple_tag
+def filter_form_fields(form) -> str:
+    """A list page's filter form, written in one pass: ``form.as_div`` renders each field, label, error list and
+    checkbox through its own template, 40% of the job list's CPU at 10,000 jobs. Same markup as ``as_div`` (a group
+    of checkboxes in a fieldset with its legend); selects and text inputs come from their widgets (RowSelect writes
+    its options in one pass)."""
+    parts = [_error_list(form.non_field_errors())]
+    for field in form:
+        label, errors = escape(str(field.label)), _error_list(field.errors, f"{field.auto_id}_error")
+        if isinstance(field.field.widget, forms.CheckboxSelectMultiple):
+            chosen = {str(value) for value in (field.value() or [])}
+            name, base = escape(field.html_name), escape(field.auto_id)
+            boxes = "".join(
+                f'<div><label for="{base}_{index}"><input type="checkbox" name="{name}" value="{escape(str(value))}" '
+                f'id="{base}_{index}"{" checked" if str(value) in chosen else ""}> {escape(str(text))}</label></div>'
+                for index, (value, text) in enumerate(field.field.choices))
+            parts.append(f'<fieldset><legend>{label}:</legend>{errors}<div id="{base}">{boxes}</div></fieldset>')
+        else:
+            parts.append(f'<div><label for="{escape(field.id_for_label)}">{label}:</label>{errors}'
+                         f"{field.as_widget()}</div>")
+    return mark_safe("".join(parts))
+
+
+def _error_list(errors, error_id: str = "") -> str:
+    """Django's error list; ``error_id`` is the id the field's widget names in its aria-describedby."""
+    if not errors:
+        return ""
+    element_id = f' id="{escape(error_id)}"' if error_id else ""
+    return f'<ul class="errorlist"{element_id}>{"".join(f"<li>{escape(str(error))}</li>" for error in errors)}</ul>'
 
 
 @register.filter

@@ -63,6 +63,29 @@ def test_a_job_succeeds_when_every_stage_run_reports_success(cluster, owner, nod
     assert "stage env_probe succeeded on gpu-01" in job.log
 
 
+def test_a_stage_that_sent_no_started_report_is_dated_by_how_long_it_ran(cluster, owner, node, broker,
+                                                                        django_capture_on_commit_callbacks):
+    """A node says "started" only after half a second; a shorter stage's finished report says how long it ran."""
+    job = submit(cluster, owner, django_capture_on_commit_callbacks)
+    jobs.dispatch_job(job.pk)
+    run = job.stage_runs.get()
+    jobs.record_stage_finished(run.pk, True, {"devices": []}, "", "", sender=run.node, ran_for=0.25)
+    run.refresh_from_db()
+    job.refresh_from_db()
+    assert run.status == "succeeded"
+    assert (run.finished - run.started).total_seconds() == pytest.approx(0.25, abs=0.05)
+    assert "stage env_probe succeeded on gpu-01 in 0.2s" in job.log or "in 0.3s" in job.log
+
+
+def test_a_finished_report_carries_its_duration_signed_and_checked(node):
+    """``ran_for`` is read from the signed payload; a value that is no duration is ignored, not trusted."""
+    key = signing.NodeKey.generate()
+    Node.objects.filter(pk=node.pk).update(public_key=key.public_key, key_id=key.key_id)
+    for value, read in ((1.5, 1.5), (0, 0.0), (-3, None), (float("nan"), None), ("9", None), (True, None)):
+        message = key.message(protocol.STAGE_FINISHED, [1, True, {}, "", ""], ran_for=value)
+        assert trust.sender_of(protocol.STAGE_FINISHED, message).ran_for == read
+
+
 def test_a_failed_stage_fails_the_job_with_the_nodes_error(cluster, owner, node, broker,
                                                            django_capture_on_commit_callbacks):
     job = submit(cluster, owner, django_capture_on_commit_callbacks)

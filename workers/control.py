@@ -55,7 +55,7 @@ def node_leaving(*message) -> None:
         jobs.node_left(sender.node)
 
 
-def _report(task: str, message, apply, arity: int) -> None:
+def _report(task: str, message, apply, arity: int, **options) -> None:
     sender = trust.accept(task, message)
     if sender is None:
         return
@@ -63,7 +63,9 @@ def _report(task: str, message, apply, arity: int) -> None:
         trust.record_rejection(task, f"takes {arity} arguments, not {len(sender.args)}", sender.node.cluster,
                                f"from {sender.node.hostname}")
         return
-    apply(*sender.args, sender=sender.node)
+    if options.pop("with_duration", False):
+        options["ran_for"] = sender.ran_for
+    apply(*sender.args, sender=sender.node, **options)
 
 
 @shared_task(name=protocol.STAGE_STARTED)
@@ -78,7 +80,7 @@ def stage_progress(*message) -> None:
 
 @shared_task(name=protocol.STAGE_FINISHED)
 def stage_finished(*message) -> None:
-    _report(protocol.STAGE_FINISHED, message, jobs.record_stage_finished, 5)
+    _report(protocol.STAGE_FINISHED, message, jobs.record_stage_finished, 5, with_duration=True)
 
 
 @shared_task(name=protocol.SWEEP_NODES, bind=True)

@@ -109,11 +109,12 @@ def _sender(connection=None, queue: str | None = None, expires: float | None = N
     return send
 
 
-def report(task_name: str, *args) -> None:
-    """A report the job depends on (a stage started or finished), signed with this node's key now. It never raises:
+def report(task_name: str, *args, **extra) -> None:
+    """A report the job depends on (a stage started or finished), signed with this node's key now (``extra``: more
+    signed fields, e.g. a finished stage's ``ran_for`` seconds). It never raises:
     what the broker refuses is tried again with back-off, then kept in the outbox and sent when the broker answers
     again (the heartbeat thread, the next report or the node's next start), oldest first."""
-    left = identity.outbox.deliver(task_name, identity.key.message(task_name, list(args)), _sender(),
+    left = identity.outbox.deliver(task_name, identity.key.message(task_name, list(args), **extra), _sender(),
                                    REPORT_RETRY_DELAYS)
     if left:
         logger.warning("the broker is away: %d report(s) wait in %s", left, identity.outbox.folder)
@@ -167,28 +168,41 @@ def run_stage(self, stage_run_id: int, kind: str, params: dict) -> None:
         logger.warning("stage run %s (task %s) was delivered again after this node started it; not run twice",
                        stage_run_id, self.request.id)
         return
-    report(protocol.STAGE_STARTED, stage_run_id)
-    # "started" says the stage runs; a progress report within the next interval adds nothing a person could see,
-    # and a stage that ends in it (a probe) then costs the control plane two reports instead of three.
-    last_sent = time.monotonic()
+    # "started" is sent once the stage has run for PROGRESS_MIN_INTERVAL: a stage that ends sooner (a probe) is
+    # told by its "finished" alone, which carries how long it ran, so the control plane takes one report, not two.
+    # Progress waits for "started", so that the job's log still says where a longer stage runs.
+    said_started = threading.Event()
+
+    def started() -> None:
+        report(protocol.STAGE_STARTED, stage_run_id)
+        said_started.set()
+
+    started_report = threading.Timer(PROGRESS_MIN_INTERVAL, started)
+    started_report.daemon = True
+    last_sent = clock = time.monotonic()
+    started_report.start()
 
     def progress(fraction: float, message: str) -> None:
         nonlocal last_sent
         now = time.monotonic()
-        if now - last_sent >= PROGRESS_MIN_INTERVAL:
+        if said_started.is_set() and now - last_sent >= PROGRESS_MIN_INTERVAL:
             last_sent = now
             report_progress(stage_run_id, float(fraction), str(message))
+
+    def finished(*outcome) -> None:
+        started_report.cancel()
+        started_report.join()  # a "started" being sent goes first
+        report(protocol.STAGE_FINISHED, stage_run_id, *outcome, ran_for=round(time.monotonic() - clock, 6))
 
     try:
         result = run_engine_stage(kind, params or {}, progress, data_roots=identity.data_roots)
     except SoftTimeLimitExceeded:
-        report(protocol.STAGE_FINISHED, stage_run_id, False, None,
-               f"stage {kind} ran past its time limit ({STAGE_SOFT_TIME_LIMIT}s)", traceback.format_exc())
+        finished(False, None, f"stage {kind} ran past its time limit ({STAGE_SOFT_TIME_LIMIT}s)",
+                 traceback.format_exc())
     except Exception as error:  # noqa: BLE001 - every failure goes back to the job row, with its traceback
-        report(protocol.STAGE_FINISHED, stage_run_id, False, None, f"{type(error).__name__}: {error}",
-               traceback.format_exc())
+        finished(False, None, f"{type(error).__name__}: {error}", traceback.format_exc())
     else:
-        report(protocol.STAGE_FINISHED, stage_run_id, True, result, "", "")
+        finished(True, result, "", "")
 
 
 def _heartbeat_loop() -> None:

@@ -45,6 +45,7 @@ class Sender:
     node: Node
     sent_at: float  # the node's clock
     args: list
+    ran_for: float | None = None  # a finished stage's seconds on the node (its "started" may never have been sent)
 
 
 # --- join tokens ------------------------------------------------------------------------------------------
@@ -115,7 +116,15 @@ def sender_of(task: str, args) -> Sender:
     except Rejected as rejected:
         rejected.cluster = node.cluster
         raise
-    return Sender(node=node, sent_at=float(data["ts"]), args=data.get("args", []))
+    return Sender(node=node, sent_at=float(data["ts"]), args=data.get("args", []),
+                  ran_for=_seconds(data.get("ran_for")))
+
+
+def _seconds(value) -> float | None:
+    """A duration a node reports: a finite number of seconds, at least 0; anything else is no duration."""
+    if type(value) not in (int, float) or not 0 <= value < 10**9:  # NaN fails the comparison too
+        return None
+    return float(value)
 
 
 def accept(task: str, args, *, unknown_key_again=None) -> Sender | None:

@@ -337,10 +337,11 @@ def _assigned_run(stage_run_id, sender: Node, task: str) -> StageRun | None:
 REPORTED_RUN_FIELDS = ("job_id", "kind", "node_id", "node_name", "status", "started", "job__stages")
 
 
-def _started_now():
-    """``started`` for a report that proves the stage ran: now, unless its "started" report came first (reports
-    travel independently, so "finished" or "progress" can overtake it)."""
-    return Coalesce(F("started"), Value(timezone.now()))
+def _started_now(when=None):
+    """``started`` for a report that proves the stage ran: ``when`` (default now), unless its "started" report came
+    first (reports travel independently, so "finished" or "progress" can overtake it, and a stage that ends within
+    half a second sends none)."""
+    return Coalesce(F("started"), Value(when or timezone.now()))
 
 
 def record_stage_started(stage_run_id: int, *, sender: Node) -> None:
@@ -377,9 +378,11 @@ def record_stage_progress(stage_run_id: int, fraction: float, message: str, *, s
             progress=(Value(float(stages.index(run.kind))) + this_stage) / Value(float(len(stages))))
 
 
-def record_stage_finished(stage_run_id: int, ok: bool, result, error: str, traceback: str, *, sender: Node) -> None:
+def record_stage_finished(stage_run_id: int, ok: bool, result, error: str, traceback: str, *, sender: Node,
+                          ran_for: float | None = None) -> None:
     """The stage's end, its result stored and the job's next step, in one transaction: a control worker killed
-    half-way commits none of it, and the redelivered report does all of it."""
+    half-way commits none of it, and the redelivered report does all of it. ``ran_for``: the seconds the node ran
+    the stage, which date its start when no "started" report came (a stage shorter than the node's delay for it)."""
     run = _assigned_run(stage_run_id, sender, protocol.STAGE_FINISHED)
     if run is None:
         return
@@ -387,7 +390,8 @@ def record_stage_finished(stage_run_id: int, ok: bool, result, error: str, trace
     with transaction.atomic():
         job = _locked_job(run.job_id)
         started = run.started
-        fields = {"started": _started_now()}
+        began = timezone.now() - timedelta(seconds=ran_for or 0)
+        fields = {"started": _started_now(began)}
         moved = (run.finish(result=result, message="done", **fields) if ok
                  else run.fail(error or "stage failed", traceback, **fields))
         if job is None or not moved:
@@ -405,7 +409,7 @@ def record_stage_finished(stage_run_id: int, ok: bool, result, error: str, trace
             fail_job(job, f"Stage {run.kind} on {run.node_name} finished, but its result could not be stored: "
                           f"{type(problem).__name__}: {problem}", format_exc())
             return
-        run.started = started or run.finished  # what the Coalesce wrote, without reading the row back
+        run.started = started or began  # what the Coalesce wrote, without reading the row back
         _advance(job, list(job.stage_runs.only(*ADVANCE_RUN_FIELDS)), [
             f"stage {run.kind} succeeded on {run.node_name} in {run.duration_seconds:.1f}s{_verdict_note(result)}"])
 

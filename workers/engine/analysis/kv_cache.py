@@ -3,26 +3,40 @@
 Elements cached per token and layer:
 - MHA / GQA / MQA: K and V for every KV head, kv_heads x (head_dim + v_head_dim) (= 2 x kv_heads x head_dim);
 - MLA: the compressed latent plus the shared RoPE key, kv_lora_rank + qk_rope_head_dim (DeepSeek-V2 paper,
-  section 2.1.2: "(d_c + d_h^R) l" elements per token); DeepSeek-V3.2's indexer also keeps index_head_dim
-  per token (DeepSeek-V3.2-Exp report, section 2.1);
+  section 2.1.2: "(d_c + d_h^R) l" elements per token);
 - sliding-window and chunked layers keep at most their window of tokens per sequence (gpt-oss 128, Llama-4 8192);
 - linear attention and Mamba layers keep a fixed state per sequence, whatever its length: lightning attention a
-  heads x head_dim x head_dim fp32 KV state (MiniMax-01 report, section 2.2); Mamba the SSM state
-  (d_inner x d_state, or heads x head_dim x d_state for Mamba-2) plus the last d_conv - 1 convolution inputs, in
-  bf16 (vLLM's default Mamba cache dtype is the model dtype; fp8 applies to the attention KV only).
+  heads x head_dim x head_dim KV state (MiniMax-01 report, section 2.2); Mamba the SSM state (d_inner x d_state,
+  or heads x head_dim x d_state for Mamba-2) plus the last d_conv - 1 convolution inputs.
+
+Caches kept in their own dtype, whatever the KV precision:
+- DeepSeek-V3.2's indexer keys (DeepSeek-V3.2-Exp report, section 2.1): vLLM stores them as uint8, index_head_dim
+  fp8 values and one fp32 scale per 128 of them, 128 + 4 = 132 bytes per token and layer
+  (``model_executor/models/deepseek_v2.py``: ``DeepseekV32IndexerCache(head_dim=head_dim + head_dim //
+  quant_block_size * 4, dtype=torch.uint8)``, quant_block_size 128);
+- recurrent state, in the dtypes vLLM gives it by default (the engine d0 serves with), stated in the report:
+  ``MambaStateDtypeCalculator`` (``model_executor/layers/mamba/mamba_utils.py``) keeps the conv state and the
+  linear-attention state in ``mamba_cache_dtype`` "auto" = the model dtype, and the SSM state in
+  ``mamba_ssm_cache_dtype`` "auto" = the conv state's dtype, except for Nemotron-H, whose
+  ``NemotronHForCausalLMConfig`` (``model_executor/models/config.py``) sets it to the config's
+  ``mamba_ssm_cache_dtype``, else float32 ("Only float32 is known to have no accuracy issues by default").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .config_loading import ConfigView
 from .generic import mamba_inner_size
 from .layers import Layout
 
 KV_PRECISION_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
-LINEAR_ATTENTION_STATE_BYTES = 4
-MAMBA_STATE_BYTES = 2
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+DTYPE_NAMES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "half": "fp16",
+               "float32": "fp32", "fp32": "fp32", "float": "fp32"}
+# vLLM's fp8 indexer cache: per token, index_head_dim fp8 values and one fp32 scale per block of this many.
+INDEXER_QUANT_BLOCK = 128
+NEMOTRON_H_ARCHITECTURES = ("NemotronHForCausalLM", "NemotronHPuzzleForCausalLM")
 
 
 def kv_bytes_per_element(precision: str) -> int:
@@ -42,11 +56,19 @@ class KvLayer:
     # How many ways tensor parallelism can split this layer's cache: its KV heads (a TP degree above that
     # replicates heads), 1 for MLA, whose latent every TP rank keeps whole.
     shards: int
+    # Bytes per token cached in their own dtype whatever the KV precision (DeepSeek-V3.2's indexer keys), split
+    # like the layer's cache.
+    own_dtype_bytes_per_token: int = 0
+
+    def token_bytes(self, element_bytes: int) -> int:
+        return self.elements_per_token * element_bytes + self.own_dtype_bytes_per_token
 
 
 @dataclass(frozen=True)
 class KvCache:
     layers: tuple[KvLayer, ...]
+    # The dtype of each part of the recurrent state ({"mamba_conv": "bf16", "mamba_ssm": "fp32"}) and why.
+    state_dtypes: dict = field(default_factory=dict, compare=False)
 
     def bytes_per_token(self, precision: str, *, windowed: bool | None = None, tensor_parallel: int = 1,
                         layers: slice = slice(None)) -> int:
@@ -56,7 +78,7 @@ class KvCache:
         ``layers`` give one device's share (see ``KvLayer.shards``).
         """
         size = kv_bytes_per_element(precision)
-        return sum(layer.elements_per_token * size // min(tensor_parallel, layer.shards)
+        return sum(layer.token_bytes(size) // min(tensor_parallel, layer.shards)
                    for layer in self.layers[layers] if windowed is None or (layer.window is not None) == windowed)
 
     def state_bytes_per_sequence(self) -> int:
@@ -70,7 +92,7 @@ class KvCache:
         for layer in self.layers[layers]:
             kept = tokens if layer.window is None else min(tokens, layer.window)
             split = min(tensor_parallel, layer.shards)
-            total += (layer.elements_per_token * size * kept + layer.state_bytes) / split
+            total += (layer.token_bytes(size) * kept + layer.state_bytes) / split
         return total
 
     def kv_tokens_that_fit(self, memory_budget_bytes: int, precision: str = "bf16",
@@ -99,11 +121,14 @@ class KvCache:
             counts[label] = counts.get(label, 0) + 1
             if layer.window is not None:
                 entry = windows.setdefault(layer.window, {"window_tokens": layer.window, "layers": 0,
-                                                          "elements_per_token": 0})
+                                                          "elements_per_token": 0, "own_dtype_bytes_per_token": 0})
                 entry["layers"] += 1
                 entry["elements_per_token"] += layer.elements_per_token
+                entry["own_dtype_bytes_per_token"] += layer.own_dtype_bytes_per_token
         for entry in windows.values():
-            entry["cap_bytes_per_sequence"] = {precision: entry["elements_per_token"] * size * entry["window_tokens"]
+            own = entry.pop("own_dtype_bytes_per_token")
+            entry["cap_bytes_per_sequence"] = {precision: (entry["elements_per_token"] * size + own)
+                                               * entry["window_tokens"]
                                                for precision, size in KV_PRECISION_BYTES.items()}
         return {
             "layers": counts,
@@ -113,9 +138,54 @@ class KvCache:
                                 for precision in KV_PRECISION_BYTES},
             "windowed_layers": list(windows.values()),
             "state_bytes_per_sequence": self.state_bytes_per_sequence(),
+            "recurrent_state": self.state_dtypes or None,
+            "indexer": self._indexer_summary(),
             "tensor_parallel": "GQA/MHA caches split across TP ranks by KV head (replicated once TP exceeds the KV "
                                "heads); an MLA latent is kept whole on every TP rank; states split by head",
         }
+
+
+    def _indexer_summary(self) -> dict | None:
+        indexed = [layer for layer in self.layers if layer.own_dtype_bytes_per_token]
+        if not indexed:
+            return None
+        per_layer = indexed[0].own_dtype_bytes_per_token
+        return {"layers": len(indexed), "bytes_per_token_per_layer": per_layer,
+                "bytes_per_token": sum(layer.own_dtype_bytes_per_token for layer in indexed),
+                "dtype": f"uint8: fp8 keys + one fp32 scale per {INDEXER_QUANT_BLOCK} (vLLM's indexer cache), "
+                         "whatever the KV precision",
+                "note": "the MLA latent itself follows the KV precision; vLLM's default for DeepSeek-V3.2 is "
+                        "fp8_ds_mla (656 bytes per token and layer: 512 fp8, 4 fp32 scales, 64 bf16 RoPE), "
+                        "d0's fp8 the plain 576"}
+
+
+def _dtype_name(value, default: str) -> str:
+    return DTYPE_NAMES.get(value, default) if isinstance(value, str) else default
+
+
+def recurrent_state_dtypes(view: ConfigView) -> dict:
+    """The dtype vLLM keeps each part of the recurrent state in by default (see the module docstring), and why."""
+    # vLLM serves a float32 checkpoint in 16 bits (dtype "auto"), so the model dtype is bf16 or fp16.
+    model = _dtype_name(view.get("torch_dtype", "dtype"), "bf16")
+    model = model if model != "fp32" else "bf16"
+    architectures = view.raw.get("architectures") or []
+    nemotron_h = view.get("model_type") == "nemotron_h" or any(name in NEMOTRON_H_ARCHITECTURES
+                                                              for name in architectures)
+    declared = view.get("mamba_ssm_cache_dtype")
+    ssm = _dtype_name(declared, "fp32" if nemotron_h else model)
+    auto = "vLLM's default: mamba_cache_dtype auto, the model dtype"
+    ssm_source = ("the config's mamba_ssm_cache_dtype, which vLLM follows" if isinstance(declared, str) else
+                  "vLLM's default for Nemotron-H: float32 (NemotronHForCausalLMConfig)" if nemotron_h else
+                  "vLLM's default: mamba_ssm_cache_dtype auto, the conv state's dtype")
+    return {"linear_attention": (model, auto), "mamba_conv": (model, auto), "mamba_ssm": (ssm, ssm_source)}
+
+
+def _stated(dtypes: dict, layers: list[KvLayer]) -> dict:
+    """The state dtypes of the layers this model has, with their reasons, for the report."""
+    kinds = {layer.kind for layer in layers if layer.state_bytes}
+    parts = (["linear_attention"] if "linear_attention" in kinds else []) + (
+        ["mamba_conv", "mamba_ssm"] if kinds & {"mamba", "mamba2"} else [])
+    return {part: {"dtype": dtypes[part][0], "source": dtypes[part][1]} for part in parts}
 
 
 def kv_cache_of(view: ConfigView, layout: Layout) -> KvCache:
@@ -123,25 +193,32 @@ def kv_cache_of(view: ConfigView, layout: Layout) -> KvCache:
     kv_heads = view.dim("num_kv_heads", heads)
     head_dim = view.dim("head_dim") or hidden // heads
     windows = {"full": None, "sliding": view.dim("sliding_window"), "chunked": view.dim("attention_chunk_size")}
+    dtypes = recurrent_state_dtypes(view)
+    linear_bytes, conv_bytes, ssm_bytes = (DTYPE_BYTES[dtypes[name][0]] for name in
+                                           ("linear_attention", "mamba_conv", "mamba_ssm"))
+    index_dim = view.dim("index_head_dim", 0)
+    # fp8 values plus one fp32 scale per block of 128 (vLLM's DeepseekV32IndexerCache).
+    indexer = index_dim + -(-index_dim // INDEXER_QUANT_BLOCK) * 4 if index_dim and view.dim("index_n_heads") else 0
     layers = []
     for kind in layout.layers:
         if kind.mixer == "attention":
             elements = kv_heads * (head_dim + view.dim("v_head_dim", head_dim))
             layers.append(KvLayer("attention", elements, windows[kind.window], 0, kv_heads))
         elif kind.mixer == "mla":
-            elements = view.dim("kv_lora_rank") + view.dim("qk_rope_head_dim", 64) + view.dim("index_head_dim", 0)
-            layers.append(KvLayer("mla", elements, windows[kind.window], 0, 1))
+            elements = view.dim("kv_lora_rank") + view.dim("qk_rope_head_dim", 64)
+            layers.append(KvLayer("mla", elements, windows[kind.window], 0, 1, indexer))
         elif kind.mixer == "linear_attention":
-            state = heads * head_dim * head_dim * LINEAR_ATTENTION_STATE_BYTES
+            state = heads * head_dim * head_dim * linear_bytes
             layers.append(KvLayer("linear_attention", 0, None, state, heads))
         elif kind.mixer == "mamba":
             inner = mamba_inner_size(view)
-            state = inner * (view.dim("mamba_d_state", 16) + view.dim("mamba_d_conv", 4) - 1) * MAMBA_STATE_BYTES
+            state = inner * (view.dim("mamba_d_state", 16) * ssm_bytes
+                             + (view.dim("mamba_d_conv", 4) - 1) * conv_bytes)
             layers.append(KvLayer("mamba", 0, None, state, inner))
         elif kind.mixer == "mamba2":
             mamba_heads, state_size = view.dim("mamba_num_heads", 1), view.dim("mamba_d_state", 128)
             inner = mamba_inner_size(view)
             conv_dim = inner + 2 * view.dim("mamba_n_groups", 1) * state_size
-            state = (inner * state_size + conv_dim * (view.dim("mamba_d_conv", 4) - 1)) * MAMBA_STATE_BYTES
+            state = inner * state_size * ssm_bytes + conv_dim * (view.dim("mamba_d_conv", 4) - 1) * conv_bytes
             layers.append(KvLayer("mamba2", 0, None, state, mamba_heads))
-    return KvCache(tuple(layers))
+    return KvCache(tuple(layers), _stated(dtypes, layers))

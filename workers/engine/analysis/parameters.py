@@ -13,9 +13,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .config_loading import KEYS_BY_NAME, ConfigError, ConfigView
 from .layers import Layout
+
+if TYPE_CHECKING:
+    from .memory import Precision
 
 COMPONENTS = ("embeddings", "attention", "ssm", "dense_mlp", "routed_experts", "shared_experts", "router", "norms",
               "lm_head", "other")
@@ -33,6 +37,8 @@ class TensorRecord:
     layer: int | None
     # A weight matrix of a linear map (or a fused stack of expert matrices): what weight quantization compresses.
     matrix: bool
+    # The precision the release stores this tensor in (shipped.py fills it from the release's quantization_config).
+    shipped: Precision | None = None
 
     @property
     def numel(self) -> int:

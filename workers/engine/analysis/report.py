@@ -12,6 +12,7 @@ from .mechanisms import mechanisms_of
 from .memory import precision_named, weights_report
 from .parameters import active_count, inventory_from_model, mtp_records, summarise
 from .planner import plan_from_analysis, planner_inputs, workload_from
+from .shipped import shipped_format
 from .resolution import (Resolution, build_config, build_meta_model, captured_warnings, knowledge_of, resolve,
                          transformers_version)
 
@@ -138,12 +139,17 @@ def analyze(config: dict, *, devices=None, precision: str = "bf16", workload: di
     else:
         records, layout, notes = estimated, config_layout, estimate_notes
         tied, norm_classes, qk_norm = view.flag("tie_word_embeddings", "tie_embeddings"), None, None
-    mtp = mtp_records(records, view, len(layout.layers))
+    shipped = shipped_format(view)
+    # Every tensor carries the precision the release stores it in: the "as_shipped" precision of memory and planner.
+    mtp = shipped.apply(mtp_records(records, view, len(layout.layers)))
+    records = shipped.apply(records)
+    if shipped.method is not None and shipped.precision is None:
+        warnings.append(shipped.note)
     summary = summarise(records, mtp, view, layout, tied)
     if model is not None:
         warnings += _estimate_disagreements(summary, estimated, view)
     kv = kv_cache_of(view, layout)
-    weights, weights_details = weights_report(records, mtp)
+    weights, weights_details = weights_report(records, mtp, shipped.describe(), view.dim("mtp_layers", 0))
     mechanisms = mechanisms_of(view, layout, tied=tied, norm_classes=norm_classes, qk_norm=qk_norm)
     report = {
         "model_type": resolution.declared_model_type,

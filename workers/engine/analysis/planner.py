@@ -5,10 +5,16 @@ roofline.
 Layout model (as vLLM and SGLang deploy MoE models):
 - TP shards attention, dense and shared-expert weights and the vocabulary inside a node; norms and routers are
   replicated;
-- PP splits the layers into equal stages (pp must divide the layer count), one stage after another;
+- PP splits the layers into stages as vLLM does (``get_pp_indices``: as even as possible, the extra layers on the
+  stages before the last; ``sharding.layout.stage_layer_ranges``), one stage after another, across nodes or inside
+  one; only the fewest stages that fit are planned for each TP x DP x EP, since more add devices, not decode rate;
 - DP runs replicas, each serving concurrency / dp sequences; with EP, the replicas' attention is data-parallel
   ("DP attention") and the routed experts are spread over all tp x dp devices of a stage (ep = tp x dp, each
-  device holding experts / ep whole experts); without EP the experts are TP-sharded like the dense weights.
+  device holding experts / ep whole experts); without EP the experts are TP-sharded like the dense weights. DP goes
+  beyond the concurrency only with EP, where a replica without a sequence still thins every device's experts.
+
+Each layout states its stage sizes, the per-device memory of its heaviest stage (weights, KV cache, activations,
+runtime overhead) and of every stage, where its groups go, and its rank with the reason for it.
 
 Roofline (Williams et al. 2009; decode is memory-bound): a decode step reads every device's weights that the batch
 touches and its sequences' KV cache once. Stages run one after another for a token, so

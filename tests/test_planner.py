@@ -168,3 +168,25 @@ def test_data_parallel_goes_beyond_the_concurrency_only_with_expert_parallelism(
 def test_tensor_parallel_stays_inside_a_node():
     plan = plans("llama-3.1-405b", {**H100, "devices_per_node": 4}, 8, "bf16")
     assert plan["fits"] and all(layout["tp"] <= 4 for layout in plan["layouts"] + plan["smallest_layouts"])
+
+
+@pytest.mark.parametrize("name, precision, concurrency", [("deepseek-v3", "bf16", 32), ("llama-3.1-405b", "bf16", 8),
+                                                          ("kimi-k2-instruct", "fp8", 1)])
+def test_the_search_for_the_fewest_stages_misses_no_layout(name, precision, concurrency):
+    """The planner checks one memory figure per TP x stages (see ``most_sequences``) instead of every layout; a
+    brute force over every tp x pp x dp x ep of two H200 nodes finds the same fewest devices, and one stage fewer
+    than planned never fits."""
+    from workers.engine.analysis.planner import LayoutEvaluator, Workload, _model_from_inputs, cluster_from
+
+    cluster = cluster_from({**H200, "nodes": 2})
+    model = _model_from_inputs(analysis(name)["planner"], precision)
+    evaluator = LayoutEvaluator(model, cluster, Workload(concurrency=concurrency), 4.8e12)
+    fitting = [tp * pp * dp for tp in (1, 2, 4, 8) for pp in range(1, 17) for dp in range(1, 17 // (tp * pp) + 1)
+               for ep in {1, tp * dp if model.experts and model.experts % (tp * dp) == 0 else 1}
+               if tp * pp * dp <= 16 and (dp <= concurrency or ep > 1) and evaluator.refusal(tp, pp, ep) is None
+               and evaluator.peak_bytes(tp, pp, dp, ep) <= evaluator.usable]
+    plan = plan_from_analysis(analysis(name), {**H200, "nodes": 2}, precision, {"concurrency": concurrency})
+    assert plan["minimum_devices"] == min(fitting)
+    for layout in plan["layouts"]:
+        if layout["pp"] > 1:
+            assert evaluator.peak_bytes(layout["tp"], layout["pp"] - 1, layout["dp"], layout["ep"]) > evaluator.usable

@@ -305,7 +305,7 @@ class LayoutEvaluator:
             self._weights[key] = stages
         return self._weights[key]
 
-    def _sequences(self, dp: int) -> int:
+    def sequences_per_replica(self, dp: int) -> int:
         """Sequences of the busiest replica (one, when there are more replicas than sequences)."""
         return math.ceil(self.workload.concurrency / dp)
 
@@ -348,14 +348,14 @@ class LayoutEvaluator:
 
     def peak_bytes(self, tp: int, pp: int, dp: int, ep: int) -> float:
         """The heaviest device's memory: its stage's weights and KV cache, activations and runtime overhead."""
-        sequences = self._sequences(dp)
+        sequences = self.sequences_per_replica(dp)
         heaviest = max(sum(weights) + sequences * sequence_kv for weights, (sequence_kv, _) in
                        zip(self._stage_weights(tp, pp, ep if ep > 1 else tp), self._stage_kv(tp, pp), strict=True))
         return heaviest + self._activations(tp, sequences) + RUNTIME_OVERHEAD_BYTES
 
     def evaluate(self, tp: int, pp: int, dp: int, ep: int) -> dict:
         model, workload = self.model, self.workload
-        sequences = self._sequences(dp)
+        sequences = self.sequences_per_replica(dp)
         # With EP every token of every replica passes the stage's experts; without, each replica routes its own.
         routed_tokens = workload.concurrency if ep > 1 else sequences
         touched = _expected_share_touched(routed_tokens, model.experts, model.experts_per_token)
@@ -463,12 +463,12 @@ def _fitting_layouts(evaluator: LayoutEvaluator, max_devices: int):
         # concurrency), and the fewest stages for a dp is the first pp whose running best holds its share.
         most = LazyRunningMax(lambda pp, tp=tp: evaluator.most_sequences(tp, pp, tp))
         for dp in range(1, min(max_devices // tp, concurrency) + 1):
-            pp = most.first_reaching(evaluator._sequences(dp), min(model.layers, max_devices // (tp * dp)))
+            pp = most.first_reaching(evaluator.sequences_per_replica(dp), min(model.layers, max_devices // (tp * dp)))
             if pp is not None:
                 yield evaluator.evaluate(tp, pp, dp, 1)
         for dp, ep in _expert_parallel_choices(evaluator, tp, max_devices):
             for pp in range(1, min(model.layers, max_devices // (tp * dp)) + 1):
-                if evaluator.most_sequences(tp, pp, ep) >= evaluator._sequences(dp):
+                if evaluator.most_sequences(tp, pp, ep) >= evaluator.sequences_per_replica(dp):
                     yield evaluator.evaluate(tp, pp, dp, ep)
                     break
 

@@ -351,19 +351,22 @@ def test_bad_configs_are_refused_quickly_with_the_reason(raw, reason):
 def test_the_planner_needs_two_h200_nodes_for_deepseek_v3_in_bf16_and_one_in_fp8():
     bf16 = analyze(config("deepseek-v3"), devices={**H200, "nodes": 1}, precision="bf16")["plans"]
     assert not bf16["fits"] and not bf16["one_node"]["fits"] and "GiB per device" in bf16["one_node"]["reason"]
-    assert bf16["nodes_needed"] == 2 and bf16["minimum_devices"] == 16
+    # Uneven pipeline stages (vLLM's split) fit it on fewer than 16 devices, still over two nodes.
+    assert bf16["nodes_needed"] == 2 and 8 < bf16["minimum_devices"] <= 16
     two_nodes = analyze(config("deepseek-v3"), devices={**H200, "nodes": 2}, precision="bf16")["plans"]
     assert two_nodes["fits"] and not two_nodes["one_node"]["fits"]
-    assert two_nodes["minimum_devices"] == 16 and all(layout["nodes"] == 2 for layout in two_nodes["smallest_layouts"])
+    assert two_nodes["minimum_devices"] == bf16["minimum_devices"]
+    assert all(layout["nodes"] == 2 for layout in two_nodes["smallest_layouts"])
     fp8 = analyze(config("deepseek-v3"), devices={**H200, "nodes": 1}, precision="fp8")["plans"]
-    assert fp8["fits"] and fp8["one_node"]["fits"] and fp8["minimum_devices"] == 8
+    assert fp8["fits"] and fp8["one_node"]["fits"] and fp8["minimum_devices"] <= 8 and fp8["nodes_needed"] == 1
     for layout in fp8["layouts"] + two_nodes["layouts"]:
         memory = layout["per_device_bytes"]
         assert memory["total"] == pytest.approx(memory["weights"] + memory["kv_cache"] + memory["activations"]
                                                 + memory["runtime_overhead"], abs=4)
         assert memory["total"] <= memory["usable"] == int(141 * 10**9 * 0.9)
-        # 128 heads by TP, 256 experts by EP, 61 layers by PP, TP inside a node.
-        assert 128 % layout["tp"] == 0 and 256 % layout["ep"] == 0 and 61 % layout["pp"] == 0 and layout["tp"] <= 8
+        # 128 heads by TP, 256 experts by EP, all 61 layers over the stages, TP inside a node.
+        assert 128 % layout["tp"] == 0 and 256 % layout["ep"] == 0 and sum(layout["stage_layers"]) == 61
+        assert layout["tp"] <= 8
     ranked = [layout["decode_tokens_per_s"] for layout in fp8["layouts"]]
     assert ranked == sorted(ranked, reverse=True)
     assert fp8["memory_bandwidth"]["bytes_per_s"] == 4.8e12 and "H200" in fp8["memory_bandwidth"]["source"]

@@ -72,6 +72,21 @@ def test_the_model_page_says_deepseek_v3_bf16_needs_two_h200_nodes_and_fp8_fits_
     assert "Fits on 8 × 1 device(s)." in fp8[fp8.index('id="what-if"'):]
 
 
+def test_gpt_oss_120b_as_shipped_fits_one_80_gb_gpu_where_bf16_does_not(member, team, owner):
+    """OpenAI: gpt-oss-120b "runs efficiently on a single 80 GB GPU" in its MXFP4 release; in bf16 it does not."""
+    spec, _ = intake.add_from_catalog(team=team, user=owner, slug="gpt-oss-120b")
+    client = Client()
+    client.force_login(member)
+    one_gpu = {"devices_per_node": 1, "device_memory_gb": 80, "nodes": 1, "device_name": "H100", "concurrency": 1,
+               "context_tokens": 8192}
+    verdicts = {}
+    for precision in ("as_shipped", "bf16"):
+        page = client.get(f"/models/{spec.pk}/", {**one_gpu, "precision": precision}).content.decode()
+        verdicts[precision] = page[page.index('id="what-if"'):]
+    assert "Fits on 1 × 1 device(s)." in verdicts["as_shipped"]
+    assert "Does not fit on 1 × 1 device(s)" in verdicts["bf16"]
+
+
 def test_a_kept_prediction_is_stored_for_later_comparison(member, deepseek):
     client = Client()
     client.force_login(member)

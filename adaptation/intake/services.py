@@ -87,7 +87,8 @@ def add_from_catalog(*, team, user, slug: str) -> tuple[ModelSpec, bool]:
 
 # --- plans ----------------------------------------------------------------------------------------------
 
-PLAN_PRECISIONS = ("bf16", "fp16", "fp8", "int8", "int4")
+# "as_shipped": each tensor as the release stores it (its quantization_config: MXFP4 experts, FP8 blocks...).
+PLAN_PRECISIONS = ("as_shipped", "bf16", "fp16", "fp8", "int8", "int4", "mxfp4")
 
 
 def cluster_devices(cluster: Cluster) -> dict | None:
@@ -115,7 +116,8 @@ def cluster_devices(cluster: Cluster) -> dict | None:
 def analysed(spec: ModelSpec) -> dict:
     """The model's stored analysis; made again (and stored) for a row from before analyses were stored, or from
     before they held what the planner needs."""
-    if spec.analysis is None or "planner" not in spec.analysis:
+    stored = (spec.analysis or {}).get("planner") or {}
+    if not set(PLAN_PRECISIONS) <= set(stored.get("bytes", {})):
         spec.analysis = None
         spec.full_clean()
         spec.save(update_fields=["analysis"])

@@ -29,6 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import torch  # noqa: E402
+
 from workers.engine.sweep import repeated, resolve_device  # noqa: E402
 from workers.engine.sweep.backends import TransformersContinuousBatching, Trial, TrialParams  # noqa: E402
 from workers.engine.sweep.metrics import summarize  # noqa: E402
@@ -76,11 +78,11 @@ def no_progress(fraction: float, message: str) -> None:
     pass
 
 
-def truth(bench: Bench, configs: list[TrialParams], passes: int) -> dict:
+def truth(bench: Bench, configs: list[TrialParams], passes: int, clock) -> dict:
     figures: dict[str, list[float]] = {key(params.as_dict()): [] for params in configs}
     seconds, single_pass = [], []
     for _ in range(passes):
-        outcome = grid_search(configs, bench.workload, bench.run_trial, no_progress)
+        outcome = grid_search(configs, bench.workload, bench.run_trial, no_progress, clock=clock)
         seconds.append(outcome["seconds"])
         for trial in outcome["trials"]:
             figures[key(trial["params"])].append(trial["metrics"]["output_tokens_per_s"]
@@ -96,14 +98,16 @@ def truth(bench: Bench, configs: list[TrialParams], passes: int) -> dict:
             "grid_seconds": statistics.median(seconds), "pass_seconds": seconds, "single_pass": single_pass}
 
 
-def search(bench: Bench, configs: list, name: str, seed: int, seconds: float | None) -> dict:
+def search(bench: Bench, configs: list, name: str, seed: int, seconds: float | None, clock) -> dict:
     workload, run = bench.workload, bench.run_trial
     if name == "smart":
-        outcome = successive_halving(configs, workload, run, no_progress)
+        outcome = successive_halving(configs, workload, run, no_progress, clock=clock)
     elif name == "random":
-        outcome = random_search(configs, workload, run, no_progress, budget=Budget(seconds=seconds), seed=seed)
+        outcome = random_search(configs, workload, run, no_progress, budget=Budget(seconds=seconds), seed=seed,
+                                clock=clock)
     else:
-        outcome = optuna_tpe(configs, workload, run, no_progress, budget=Budget(seconds=seconds), seed=seed)
+        outcome = optuna_tpe(configs, workload, run, no_progress, budget=Budget(seconds=seconds), seed=seed,
+                             clock=clock)
     pick = best_trial(outcome["trials"], workload)
     return {"params": pick["params"] if pick else None, "seconds": outcome["seconds"],
             "reported": pick["metrics"]["output_tokens_per_s"] if pick else None,
@@ -143,12 +147,21 @@ def main() -> int:
     parser.add_argument("--repetitions", type=int, default=5, help="independent runs of every search")
     parser.add_argument("--remeasure", type=int, default=3, help="full runs of each pick and of the true best")
     parser.add_argument("--quick", action="store_true",
-                        help="short trials for a small machine: 16 requests of 16 + 16 tokens, one run per trial")
+                        help="short trials for a small machine: 36 requests of 16 + 8 tokens, one run per trial")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (1: a thread of a shared machine is not held up by its slowest "
+                             "sibling, so figures swing less)")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                        help="the searches' time: this process's CPU seconds (other processes' load does not "
+                             "count; the default) or wall seconds")
     parser.add_argument("--device")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
     args = parser.parse_args()
     if args.quick:
-        args.requests, args.prompt_len, args.output_len, args.repeats = 16, 16, 16, 1
+        args.requests, args.prompt_len, args.output_len, args.repeats = 36, 16, 8, 1
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
     config = json.loads(args.config.read_text())
     workload = Workload.from_dict({"requests": args.requests, "prompt_len": args.prompt_len,
@@ -162,12 +175,13 @@ def main() -> int:
     started = time.perf_counter()
     for precision in GRID["precision"]:  # build each model and warm up once, outside every search's time
         bench.full_run({**configs[0].as_dict(), "precision": precision})
-    table = truth(bench, configs, args.grid_passes)
+    table = truth(bench, configs, args.grid_passes, clock)
     print(f"model: {config.get('model_type')} (reduced), device: {device}, {len(configs)} configurations, "
           f"workload: {args.requests} requests of {args.prompt_len} + {args.output_len} tokens, "
-          f"{args.repeats} run(s) per trial")
+          f"{args.repeats} run(s) per trial, {torch.get_num_threads()} torch thread(s), {args.clock} seconds")
     print(f"true best (median of {args.grid_passes} grid passes): {table['best']} at "
-          f"{table['best_median']:.1f} output tokens/s; a grid pass takes {table['grid_seconds']:.1f} s (median of "
+          f"{table['best_median']:.1f} output tokens/s; a grid pass takes {table['grid_seconds']:.1f} {args.clock} "
+          "s (median of "
           + ", ".join(f"{seconds:.1f}" for seconds in table["pass_seconds"]) + ")")
     for index, entry in enumerate(table["single_pass"]):
         print(f"  grid pass {index + 1}: pick at {entry['ratio']:.3f} of the true best; its reported figure "
@@ -175,9 +189,9 @@ def main() -> int:
 
     rows: dict[str, list[dict]] = {name: [] for name in SEARCHES}
     for repetition in range(args.repetitions):
-        picks = {"smart": search(bench, configs, "smart", repetition, None)}
+        picks = {"smart": search(bench, configs, "smart", repetition, None, clock)}
         for name in SEARCHES[1:]:
-            picks[name] = search(bench, configs, name, repetition, picks["smart"]["seconds"])
+            picks[name] = search(bench, configs, name, repetition, picks["smart"]["seconds"], clock)
         ratios = remeasure(bench, picks, table["best"], args.remeasure)
         for name, pick in picks.items():
             rows[name].append({**pick, "ratio": ratios[name], "true_best_remeasured": ratios["true best tokens/s"]})

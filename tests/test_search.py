@@ -132,10 +132,15 @@ def test_searches_skip_what_is_at_least_as_large_as_a_configuration_that_ran_out
         assert any(trial["status"] == "skipped" for trial in outcome["trials"]), name
 
 
-def test_the_halving_confirms_its_finalists_on_the_full_workload_and_picks_by_median():
+def test_the_halving_confirms_close_finalists_on_the_full_workload_and_picks_by_median():
+    objective = Objective(seed=7)
+    # Finalists 10% apart or more are not confirmed; the synthetic ones are, when any gap counts as close.
+    clear = successive_halving(configurations(GRID), WORKLOAD, objective, lambda fraction, message: None,
+                               confirm_within=0.0)
+    assert not clear["rungs"][-1].get("confirmation")
     objective = Objective(seed=7)
     outcome = successive_halving(configurations(GRID), WORKLOAD, objective, lambda fraction, message: None,
-                                 clock=objective.clock)
+                                 clock=objective.clock, confirm_within=1.0)
     confirmation = outcome["rungs"][-1]
     assert confirmation.get("confirmation") and confirmation["ran"] == 2
     full = [trial for trial in outcome["trials"] if trial["workload"] and trial["workload"]["requests"] == 36]

@@ -12,8 +12,9 @@ same precision with a batch size, page size and max batch tokens all at least as
 One short run ranks configurations that are close by noise as much as by merit, and one full run of the winner
 overstates it (the winner's curse; ``benchmarks/search_vs_grid.py`` measures both). So the halving also promotes a
 configuration within ``KEEP_WITHIN`` of the last one kept, always takes ``FINALISTS`` to the full workload, and
-serves the finalists the full workload once more, interleaved; the pick is the highest median over a
-configuration's full-workload runs (``best_trial``), not one run's maximum.
+serves the finalists the full workload once more, interleaved, when they are within ``CONFIRM_WITHIN`` of each
+other; the pick is the highest median over a configuration's full-workload runs (``best_trial``), not one run's
+maximum.
 
 Every search runs over any kind of configuration described by a ``Space``: the proxy sweep's ``TrialParams``
 (``PROXY``) and a real engine's settings (``serving.serve_sweep``'s ``engine_space``). The random search and
@@ -42,9 +43,11 @@ ETA = 3
 # A short run's throughput within this share of the last configuration promoted goes on too (a busy node's runs of
 # one configuration differ by more than that; issue 16 saw a pick at 0.907 of the best after one short run).
 KEEP_WITHIN = 0.05
-# Configurations that reach the full workload, and extra full runs each, interleaved, before the pick.
+# Configurations that reach the full workload, and extra full runs each, interleaved, before the pick: only
+# when the runner-up's full run is within CONFIRM_WITHIN of the leader's (a clear lead needs no second look).
 FINALISTS = 2
 CONFIRM_RUNS = 1
+CONFIRM_WITHIN = 0.10
 
 
 @dataclass(frozen=True)
@@ -256,7 +259,7 @@ def _short(workload: Workload, fraction: float, batch_size: int) -> Workload:
 def successive_halving(configs: list, workload: Workload, run_trial: RunTrial, progress: Progress,
                        eta: int = ETA, space: Space = PROXY, *, keep_within: float = KEEP_WITHIN,
                        finalists: int = FINALISTS, confirm_runs: int = CONFIRM_RUNS,
-                       clock: Callable[[], float] = time.perf_counter) -> dict:
+                       confirm_within: float = CONFIRM_WITHIN, clock: Callable[[], float] = time.perf_counter) -> dict:
     last_rung = halving_rungs(len(configs), eta)
     plan = halving_plan(len(configs), eta, finalists, confirm_runs)
     log = _Log(sum(count for _, count in plan), progress, workload, clock)
@@ -284,7 +287,8 @@ def successive_halving(configs: list, workload: Workload, run_trial: RunTrial, p
         kept += [pair for pair in ranked[count:2 * count] if throughput(pair[0]) >= cutoff]
         rungs[-1]["kept"] = len(kept)
         survivors = [config for _, config in kept]
-    finals = [config for trial, config in ranked[:finalists] if trial["workload"]["requests"] == workload.requests]
+    finals = [config for trial, config in ranked[:finalists] if trial["workload"]["requests"] == workload.requests
+              and throughput(trial) >= throughput(ranked[0][0]) * (1 - confirm_within)]
     if len(finals) > 1 and space.confirm_finalists:
         # The finalists again, interleaved, so that a slow spell of the node does not decide between them.
         for _ in range(confirm_runs):

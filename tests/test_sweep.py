@@ -368,7 +368,7 @@ def test_the_stage_rejects_unknown_parameters_and_a_missing_config():
     with pytest.raises(ValueError, match="config"):
         sweep_stage({"grid": {}}, lambda fraction, message: None)
     with pytest.raises(ValueError, match="search"):
-        run_sweep(QWEN3, grid={}, workload={}, search="random")
+        run_sweep(QWEN3, grid={}, workload={}, search="bayes")
 
 
 def test_a_sweep_stage_in_which_no_trial_completes_fails_with_the_trials_reasons(monkeypatch):

@@ -24,6 +24,7 @@ from django.db import DatabaseError
 from adaptation.intake import catalog
 from adaptation.sweeps.services import spreadsheet_safe
 from adaptation.models import ModelSpec
+from workers.engine.sweep.search import SEARCH_HELP, SEARCHES
 
 # _Log.run in workers/engine/sweep/search.py announces each trial as it starts with this message.
 TRIAL_STARTED = re.compile(r"^trial (?P<number>\d+): (?P<label>.*)$")
@@ -235,9 +236,7 @@ class Command(BaseCommand):
         parser.add_argument("--prompt-len", default="32", help="prompt tokens: 32, 16-64 or 16,32,48")
         parser.add_argument("--output-len", default="16", help="output tokens: 16, 8-24 or 8,16")
         parser.add_argument("--requests", default="8", help="measured requests per trial")
-        parser.add_argument("--search", choices=("grid", "smart"), default="grid",
-                            help="grid: every configuration; smart: successive halving, skipping what would run "
-                                 "out of memory")
+        parser.add_argument("--search", choices=tuple(SEARCHES), default="grid", help=SEARCH_HELP)
         parser.add_argument("--device", help="torch device (default: the first accelerator, else the CPU)")
         parser.add_argument("--hardware", help="JSON file with the bandwidth and FLOP/s (default: measured here)")
         parser.add_argument("--full-model", action="store_true", help="serve the full model, not the reduced one")
@@ -252,8 +251,8 @@ class Command(BaseCommand):
         workload = {"requests": _positive_int(options["requests"], "requests"),
                     "prompt_len": _length(options["prompt_len"], "prompt-len"),
                     "output_len": _length(options["output_len"], "output-len")}
-        if options["search"] not in ("grid", "smart"):
-            raise CommandError(f"--search takes grid or smart, not {options['search']!r}")
+        if options["search"] not in SEARCHES:
+            raise CommandError(f"--search takes {', '.join(SEARCHES)}, not {options['search']!r}")
         hardware = _read_json(Path(options["hardware"]), "the hardware file") if options["hardware"] else None
         out = Path(options["out"]).expanduser() if options["out"] else None
         if out is not None and out.exists() and not out.is_dir():

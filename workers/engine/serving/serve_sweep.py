@@ -26,7 +26,7 @@ from .. import workdirs
 from ..parameters import Parameter, validate
 from ..sweep import check_hardware
 from ..sweep.metrics import DEFINITIONS, summarize
-from ..sweep.search import SEARCHES, Space
+from ..sweep.search import SEARCH_HELP, SEARCHES, Space
 from ..sweep.workload import Workload
 from .checkpoint import vocab_size, write_validation_checkpoint
 from .client import Endpoint, run_requests
@@ -79,8 +79,8 @@ PARAMETERS = (
               "(and concurrency), instead of or after the grid's", default=[], max_items=MAX_CONFIGURATIONS,
               item=Parameter("configuration", "object", "engine settings of one configuration",
                              check=lambda value: _grid({key: [item] for key, item in value.items()}))),
-    Parameter("search", "choice", "every configuration (grid), or successive halving (smart: short runs first, the "
-              "best third go on; each configuration its own engine start)", default="grid", choices=tuple(SEARCHES)),
+    Parameter("search", "choice", SEARCH_HELP + " (each configuration its own engine start)", default="grid",
+              choices=tuple(SEARCHES)),
     Parameter("workload", "object", "requests, prompt_len, output_len, arrival (closed or poisson), rate, "
               "concurrency, warmup_requests, slo, timeout_s (per trial)", default={}, check=Workload.from_dict),
     Parameter("hardware", "object", "memory_bandwidth_bytes_per_s and flops_per_s by precision for the recipe's "
@@ -143,7 +143,9 @@ def engine_space(fill) -> Space:
                  at_least_as_large=at_least_as_large,
                  skipped=lambda config, reason: {"settings": fill(config.settings), "client": config.client,
                                                  "status": "skipped", "reason": reason, "metrics": None,
-                                                 "workload": None})
+                                                 "workload": None},
+                 # Each confirmation is another engine start, and best_trial here takes the best run, not a median.
+                 confirm_finalists=False)
 
 
 class _PeakRss(threading.Thread):
@@ -295,14 +297,14 @@ def run_search(session: Session, groups: list[tuple[dict, list[dict]]], workload
     """The trials of every configuration (grid: one engine start per group, its client settings reusing it), or of
     successive halving over them; and the search's outcome (strategy, trials run, requests served, seconds)."""
     timeout = params["startup_timeout_s"]
-    if params["search"] == "smart":
+    if params["search"] != "grid":
         configs = [EngineConfiguration(settings, client) for settings, clients in groups for client in clients]
 
         def run_trial(config: EngineConfiguration, trial_workload: Workload) -> dict:
             return run_trials(session, config.settings, [config.client], trial_workload, timeout, 0,
                               lambda message: None)[0]
 
-        outcome = SEARCHES["smart"](configs, workload, run_trial,
+        outcome = SEARCHES[params["search"]](configs, workload, run_trial,
                                     lambda fraction, message: progress(0.05 + 0.8 * fraction, message),
                                     space=engine_space(session.settings))
         return outcome.pop("trials"), outcome

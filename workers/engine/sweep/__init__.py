@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from ..parameters import Parameter, device_string, validate
 from .metrics import DEFINITIONS
-from .search import GRID_KEYS, SEARCHES, TrialParams, best_trial, configurations
+from .search import GRID_KEYS, SEARCH_HELP, SEARCHES, TrialParams, best_trial, configurations
 from .workload import Workload
 
 if TYPE_CHECKING:
@@ -71,8 +71,7 @@ PARAMETERS = (
     Parameter("workload", "object", "requests, prompt_len, output_len (fixed, {\"uniform\": [lo, hi]} or a list), "
               "arrival (closed or poisson), rate, concurrency, warmup_requests, slo", default={},
               check=Workload.from_dict),
-    Parameter("search", "choice", "every configuration, or successive halving", default="grid",
-              choices=tuple(SEARCHES)),
+    Parameter("search", "choice", SEARCH_HELP, default="grid", choices=tuple(SEARCHES)),
     Parameter("repeats", "int", "times each configuration serves its workload; the trial is the median run by "
               "output tokens/s, with every run's figure and the spread beside it", default=REPEATS, minimum=1,
               maximum=20),

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from . import run_sweep
+from .search import SEARCH_HELP, SEARCHES
 
 
 def _ints(text: str) -> list[int]:
@@ -56,9 +57,7 @@ def add_parser(verbs) -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", type=int, help="requests in flight (default: the trial's batch size)")
     parser.add_argument("--slo-ttft-ms", type=float, help="TTFT SLO for goodput, in ms")
     parser.add_argument("--slo-tpot-ms", type=float, help="TPOT SLO for goodput, in ms")
-    parser.add_argument("--search", choices=("grid", "smart"), default="grid",
-                        help="grid: every configuration; smart: successive halving, skipping what would run out "
-                             "of memory")
+    parser.add_argument("--search", choices=tuple(SEARCHES), default="grid", help=SEARCH_HELP)
     parser.add_argument("--device", help="torch device (default: the first accelerator, else the CPU)")
     parser.add_argument("--hardware", type=Path, help="JSON file with the node's bandwidth and FLOP/s")
     parser.add_argument("--full-model", action="store_true", help="serve the full model, not the reduced one")

@@ -74,8 +74,9 @@ def main() -> int:
     for _ in range(args.rounds):
         for name, command in commands(config).items():
             runs[name].append(timed(command))
-    wall_ratios = [ours["wall_s"] / theirs["wall_s"] for ours, theirs in zip(runs["d0"], runs["accelerate"])]
-    cpu_ratios = [ours["cpu_s"] / theirs["cpu_s"] for ours, theirs in zip(runs["d0"], runs["accelerate"])]
+    rounds = list(zip(runs["d0"], runs["accelerate"], strict=True))
+    wall_ratios = [ours["wall_s"] / theirs["wall_s"] for ours, theirs in rounds]
+    cpu_ratios = [ours["cpu_s"] / theirs["cpu_s"] for ours, theirs in rounds]
     print(f"config: {args.config.name}, {args.rounds} interleaved rounds of whole commands (start, imports, work, "
           f"exit), medians")
     print(f"{'command':12} {'params':>18} {'wall s':>8} {'cpu s':>8} {'peak RSS MiB':>13}")

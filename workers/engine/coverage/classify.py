@@ -111,6 +111,7 @@ class Classification:
     decomposition: str | None = None
     note: str | None = None
     suggestion: str | None = None
+    lacks: tuple[str, ...] = ()  # what the backend would have to implement for this path; not reported
 
     def as_dict(self) -> dict:
         return {"kernel_status": self.status, "kernel": self.kernel, "decomposition": self.decomposition,
@@ -168,6 +169,10 @@ class Classifier:
             decomposed = self._through("torch._decomp", decomposition_table[operator], operator, example, depth)
             if decomposed.status == "decomposable" or through_composite is None:
                 return decomposed
+            # Neither runs: report the path that needs the fewest new kernels (a known few beats an unknown).
+            fewer = not through_composite.lacks or len(decomposed.lacks) < len(through_composite.lacks)
+            if decomposed.lacks and fewer:
+                return decomposed
         return through_composite or Classification(
             "missing", None, [], note="no kernel for this backend, no composite kernel and no decomposition",
             suggestion=f"write a kernel for {operator_name(operator)}")
@@ -206,7 +211,7 @@ class Classifier:
             return Classification("missing", None, basic, source, f"its {source} decomposition goes to "
                                   f"{', '.join(foreign)}, which no aten operator list contains",
                                   f"write a kernel for {name}")
-        uncovered = lacking(basic)
+        uncovered = [entry["name"] for entry in basic if entry["status"] not in RUNS]
         if composite and not uncovered:
             return Classification("composite", source, basic, source)
         if not uncovered or (composite and all(entry["status"] in COVERED for entry in basic)):
@@ -217,10 +222,12 @@ class Classifier:
                           ", which the backend has")
             return Classification("decomposable", None, basic, source, suggestion=suggestion)
         has = names(basic, RUNS)
+        roots = lacking(basic)
         suggestion = (f"write a kernel for {name}, or for {', '.join(uncovered)}" +
-                      (f" (its {source} code also calls {', '.join(has)}, which the backend has)" if has else ""))
+                      (f" (in the end {', '.join(roots)})" if roots != uncovered else "") +
+                      (f"; its {source} code also calls {', '.join(has)}, which the backend has" if has else ""))
         return Classification("missing", None, basic, source, f"its {source} code calls {', '.join(uncovered)}, "
-                              "which the backend lacks", suggestion)
+                              "which the backend lacks", suggestion, tuple(uncovered))
 
     def _attention(self, example, depth) -> Classification:
         """scaled_dot_product_attention on a virtual backend: one of its fused kernels, else the math composite."""

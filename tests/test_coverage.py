@@ -166,16 +166,18 @@ def test_a_virtual_backend_without_grouped_mm_topk_and_histc_reports_exactly_tho
         assert operators[name]["status"] == "missing", "neither has a decomposition in torch"
 
 
-def test_grouped_mm_becomes_decomposable_once_its_basic_operators_are_listed(reports):
+def test_grouped_mm_runs_through_its_composite_kernel_once_the_operators_it_calls_are_listed(reports):
     traced = set(by_name(reports["qwen3-moe"]))
     lacking = run_coverage(model_config("qwen3-moe"), backend_list=sorted(traced - VIRTUAL_GAPS), check_compile=False)
-    basic = {item["name"] for item in by_name(lacking)["aten::_grouped_mm.default"]["basic_operators"]}
-    assert "aten::mm.out" in basic
+    grouped_lacking = by_name(lacking)["aten::_grouped_mm.default"]
+    basic = {item["name"] for item in grouped_lacking["basic_operators"]}
+    assert "aten::mm.out" in basic and grouped_lacking["status"] == "missing"
+    assert "aten::mm.out" in grouped_lacking["suggestion"], "the fix names the operators the backend lacks"
     listed = run_coverage(model_config("qwen3-moe"), backend_list=sorted((traced | basic) - VIRTUAL_GAPS),
                           check_compile=False)
     grouped = by_name(listed)["aten::_grouped_mm.default"]
-    assert grouped["status"] == "decomposable" and grouped["decomposition"] == "CompositeExplicitAutograd"
-    assert listed["coverage"] < 1.0 and set(listed["gaps"]) == VIRTUAL_GAPS
+    assert grouped["status"] == "composite" and grouped["kernel"] == "CompositeExplicitAutograd"
+    assert listed["coverage"] < 1.0 and set(listed["gaps"]) == VIRTUAL_GAPS - {"aten::_grouped_mm.default"}
 
 
 def test_a_composite_operator_needs_no_kernel_and_lists_what_it_becomes():

@@ -70,9 +70,9 @@ PAGES = {
     "/models/": 3 + 2,
     # Jobs: the filter form's cluster and model choices, paginator COUNT(*) and the page.
     "/jobs/": 3 + 4,
-    # Coverage: the heatmap's newest reports, the library summary, the virtual backends, and the upload form's
-    # team field (its count, the one team as default, its options).
-    "/coverage/": 3 + 6,
+    # Coverage: the heatmap's newest reports, the library summary, the virtual backends, the upload form's
+    # team field (its count, the one team as default, its options) and the shipped backends form's teams.
+    "/coverage/": 3 + 7,
 }
 
 

@@ -2,7 +2,7 @@ from django import forms
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
-from ..models import VirtualBackend
+from ..models import Team, VirtualBackend
 from ..teams.forms import TeamChoiceMixin
 
 
@@ -35,3 +35,27 @@ class VirtualBackendForm(TeamChoiceMixin, forms.ModelForm):
             raise ValidationError("The list names no operator.")
         self.instance.operators = operators
         return upload
+
+
+class ShippedBackendsForm(forms.Form):
+    """Adds the virtual backends d0 ships (torch's own CUDA, MPS and CPU kernel lists) to a team, ready for jobs."""
+
+    team = forms.TypedChoiceField(coerce=int)
+    backends = forms.MultipleChoiceField(widget=forms.CheckboxSelectMultiple, label="Backends")
+
+    def __init__(self, *args, user, **kwargs):
+        from workers.engine.coverage.shipped_backends import shipped_backends
+
+        super().__init__(*args, **kwargs)
+        # The user's teams read once as choices (one query) rather than as a queryset field (three).
+        self.teams = {team.pk: team for team in Team.objects.for_user(user).only("id", "name")}
+        self.fields["team"].choices = [(pk, team.name) for pk, team in self.teams.items()]
+        if len(self.teams) == 1:
+            self.fields["team"].initial = next(iter(self.teams))
+        choices = [(backend["name"], f"{backend['name']} ({len(backend['operators'])} operators)")
+                   for backend in shipped_backends()]
+        self.fields["backends"].choices = choices
+        self.fields["backends"].initial = [name for name, _ in choices]
+
+    def clean_team(self):
+        return self.teams[self.cleaned_data["team"]]

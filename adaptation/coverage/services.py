@@ -11,20 +11,23 @@ from ..models import CoverageReport, ModelSpec, OperatorRecord, StageRun, Virtua
 
 FIXES = {
     "native": "none: the backend has a kernel",
-    "composite": "none: it decomposes automatically (CompositeImplicitAutograd)",
-    "decomposable": "register its decomposition (torch._decomp) for this backend, or let torch.compile lower it",
+    "composite": "none: it runs through its composite kernel on operators the backend has",
+    "decomposable": "register its decomposition for this backend, or let torch.compile lower it",
     "missing": "write a kernel (a torch.library custom op for this backend) or fall back to the CPU (slow)",
     "failed": "it raised during the trace: see the error; usually a kernel is missing for this dtype",
 }
 
 
 def suggested_fix(operator: dict) -> str:
+    """The engine's own suggestion (it names the operators the backend has and lacks) where the report has one."""
     status = operator.get("status")
+    if status == "failed" and operator.get("error"):
+        return f"{FIXES['failed']} ({operator['error'][:160]})"
+    if operator.get("suggestion") and status in ("decomposable", "missing"):
+        return operator["suggestion"]
     if status == "decomposable" and operator.get("basic_operators"):
         basics = ", ".join(basic["name"] for basic in operator["basic_operators"][:6])
         return f"rebuild from basic operators ({basics}): {FIXES['decomposable']}"
-    if status == "failed" and operator.get("error"):
-        return f"{FIXES['failed']} ({operator['error'][:160]})"
     return FIXES.get(status, "")
 
 
@@ -104,3 +107,33 @@ def operator_lists(team, backend_ids) -> list[dict]:
     """The team's virtual backends among ``backend_ids`` as the node's stage takes them: name and operators."""
     backends = VirtualBackend.objects.filter(team=team, pk__in=backend_ids)
     return [{"name": backend.name, "operators": backend.operators} for backend in backends]
+
+
+def shipped_backend_rows(virtual_backends) -> list[dict]:
+    """The backends d0 ships, each with the teams (among ``virtual_backends``' teams) that have added it."""
+    from workers.engine.coverage.shipped_backends import shipped_backends
+
+    added: dict[str, list[str]] = {}
+    for backend in virtual_backends:
+        added.setdefault(backend.name, []).append(backend.team.name)
+    return [{"name": backend["name"], "dispatch_key": backend["dispatch_key"], "torch": backend["torch"],
+             "operators": len(backend["operators"]), "description": backend["description"],
+             "teams": sorted(added.get(backend["name"], []))} for backend in shipped_backends()]
+
+
+@transaction.atomic
+def add_shipped_backends(team, user, names) -> list[VirtualBackend]:
+    """The named shipped backends as the team's virtual backends (their lists refreshed if already there)."""
+    from workers.engine.coverage.shipped_backends import shipped_backend
+
+    added = []
+    for name in names:
+        backend = shipped_backend(name)
+        if backend is None:
+            raise ValueError(f"d0 ships no backend {name!r}")
+        row, _ = VirtualBackend.objects.update_or_create(
+            team=team, name=name, defaults={"operators": backend["operators"], "description": backend["description"]},
+            create_defaults={"operators": backend["operators"], "description": backend["description"],
+                             "created_by": user})
+        added.append(row)
+    return added

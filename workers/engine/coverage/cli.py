@@ -11,7 +11,11 @@ import argparse
 import json
 from pathlib import Path
 
-from .report import run_coverage
+from .shipped_backends import shipped_backends
+
+
+def shipped_names() -> list[str]:
+    return [backend["name"] for backend in shipped_backends()]
 
 
 def add_parser(verbs) -> argparse.ArgumentParser:
@@ -19,8 +23,9 @@ def add_parser(verbs) -> argparse.ArgumentParser:
     parser.add_argument("config", metavar="CONFIG.json", help="the model's config.json")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--dtype", default="bf16", help="dtype of the traced model: bf16 (default), fp16, fp32")
-    parser.add_argument("--backend-list", metavar="FILE",
-                        help="judge a virtual backend by its operator list (CSV or JSON), not this device's kernels")
+    parser.add_argument("--backend-list", metavar="FILE|NAME",
+                        help="judge a virtual backend by its operator list (CSV or JSON), not this device's kernels; "
+                             f"or one d0 ships: {', '.join(shipped_names()) or 'none'}")
     parser.add_argument("--decode-steps", type=int, default=3, help="decode steps after the prefill (default 3)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile check")
     parser.add_argument("--compile-backend", help="torch.compile backend (default: inductor, aot_eager on a CPU)")
@@ -29,6 +34,8 @@ def add_parser(verbs) -> argparse.ArgumentParser:
 
 
 def run(args, progress=None) -> dict:
+    from .report import run_coverage
+
     try:
         config = json.loads(Path(args.config).read_text())
     except (OSError, ValueError) as error:
@@ -47,7 +54,10 @@ def format_summary(report: dict) -> str:
     for name in report["gaps"]:
         entry = by_name[name]
         basic = ", ".join(item["name"] for item in entry["basic_operators"] or [])
-        lines.append(f"  {entry['status']:<12} {name}" + (f" -> {basic}" if basic else ""))
+        traced = f" (traced as {entry['traced_as']})" if entry.get("traced_as") else ""
+        lines.append(f"  {entry['status']:<12} {name}{traced}" + (f" -> {basic}" if basic else ""))
+        if entry.get("suggestion"):
+            lines.append(f"               fix: {entry['suggestion']}")
     if report["trace"]["error"]:
         lines.append(f"trace stopped: {report['trace']['error']}")
     if report["compile"].get("checked"):

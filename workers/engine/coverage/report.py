@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 import torch
 
@@ -19,7 +18,7 @@ from .compile_check import compile_check, skipped
 from .mechanisms import check_mechanisms
 from .smoke import smoke_test_all
 from .tracing import trace_model
-from .virtual_backend import Backend, device_backend, load_operator_list, virtual_backend
+from .virtual_backend import Backend, device_backend, load_backend, virtual_backend
 
 Progress = Callable[[float, str], None]
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
@@ -56,7 +55,7 @@ def resolve_backend(device: torch.device, backend_list) -> Backend:
     if backend_list is None:
         return device_backend(device)
     if isinstance(backend_list, str | os.PathLike):
-        return virtual_backend(load_operator_list(backend_list), name=Path(backend_list).stem, device=device)
+        return load_backend(backend_list, device=device)
     if isinstance(backend_list, dict):  # {"name": ..., "operators": [...]}, as the control plane sends them
         return virtual_backend(list(backend_list["operators"]), name=backend_list["name"], device=device)
     return virtual_backend(list(backend_list), device=device)
@@ -74,10 +73,10 @@ def run_coverage(config: dict, *, dtype: str = "bf16", device=None, backend_list
                  seed: int = 0) -> dict:
     """Operator coverage of the model ``config`` (a config.json dict) for one dtype.
 
-    ``backend_list`` (operator names, or the path of a CSV/JSON list) judges a virtual backend instead of the
-    device's own; the trace still runs on ``device``. Raises ValueError for a config that cannot be loaded or
-    reduced; anything that goes wrong later (an operator without a kernel, a model that stops, a failed compile)
-    is reported, never raised. See ``classify`` for the statuses.
+    ``backend_list`` (operator names, the path of a CSV/JSON list, or a shipped backend's name) judges a virtual
+    backend instead of the device's own; the trace still runs on ``device``. Raises ValueError for a config that
+    cannot be loaded or reduced; anything that goes wrong later (an operator without a kernel, a model that stops,
+    a failed compile) is reported, never raised. See ``classify`` for the statuses.
     """
     progress = progress or (lambda fraction, message: None)
     timings: dict[str, float] = {}

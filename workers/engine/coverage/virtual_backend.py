@@ -10,6 +10,9 @@ Operator lists are read from
 - JSON: a list of names, an object whose keys are names (values ignored, e.g. notes), or an object with an
   ``operators`` list.
 A name is ``aten::mm.default`` (one overload) or ``aten::mm`` (every overload); a bare ``mm`` means ``aten::mm``.
+
+d0 ships torch's own backends as such lists (``backends/torch-<version>-cuda.json``, ``-mps``, ``-cpu``), generated
+from the pinned torch's ``native_functions.yaml``; ``load_backend`` takes a file or one of their names.
 """
 
 from __future__ import annotations
@@ -127,3 +130,20 @@ def parse_operator_list(text: str, *, json_format: bool | None = None) -> list[s
 def load_operator_list(path: str | Path) -> list[str]:
     path = Path(path)
     return parse_operator_list(path.read_text(), json_format=True if path.suffix == ".json" else None)
+
+
+def load_backend(path_or_name: str | Path, device: torch.device | None = None) -> Backend:
+    """A virtual backend from a list file, or from the name of one d0 ships (``torch-2-13-cuda``, see
+    ``shipped_backends``). A shipped list says which dispatch key it stands for."""
+    from .shipped_backends import shipped_backend
+
+    path = Path(path_or_name)
+    shipped = None if path.exists() else shipped_backend(str(path_or_name))
+    if shipped is not None:
+        path = Path(shipped["path"])
+    stands_for = "PrivateUse1"
+    if path.suffix == ".json":
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and isinstance(data.get("dispatch_key"), str):
+            stands_for = data["dispatch_key"]
+    return virtual_backend(load_operator_list(path), name=path.stem, device=device, stands_for=stands_for)

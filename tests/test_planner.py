@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from workers.engine.analysis import analyze, load_config_file, plan_from_analysis
-from workers.engine.sharding.layout import stage_layer_ranges
+from workers.engine.pipeline_stages import stage_layer_ranges
 
 CONFIGS = Path(__file__).parent.parent / "adaptation" / "intake" / "catalog" / "configs"
 H200 = {"devices_per_node": 8, "device_memory_bytes": 141 * 10**9, "device_name": "NVIDIA H200"}

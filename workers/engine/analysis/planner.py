@@ -6,7 +6,7 @@ Layout model (as vLLM and SGLang deploy MoE models):
 - TP shards attention, dense and shared-expert weights and the vocabulary inside a node; norms and routers are
   replicated;
 - PP splits the layers into stages as vLLM does (``get_pp_indices``: as even as possible, the extra layers on the
-  stages before the last; ``sharding.layout.stage_layer_ranges``), one stage after another, across nodes or inside
+  stages before the last; ``pipeline_stages.stage_layer_ranges``), one stage after another, across nodes or inside
   one; only the fewest stages that fit are planned for each TP x DP x EP, since more add devices, not decode rate;
 - DP runs replicas, each serving concurrency / dp sequences; with EP, the replicas' attention is data-parallel
   ("DP attention") and the routed experts are spread over all tp x dp devices of a stage (ep = tp x dp, each
@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from itertools import accumulate
 
 from ..envcheck.peaks import published_peak, peaks_by_memory
-from ..sharding.layout import stage_layer_ranges
+from ..pipeline_stages import stage_layer_ranges
 from .config_loading import ConfigView
 from .kv_cache import KvCache, KvLayer, kv_bytes_per_element
 from .layers import Layout

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .layout import stage_layer_ranges
+from ..pipeline_stages import stage_layer_ranges
 
 
 class SkippedLayer(nn.Module):

@@ -7,6 +7,11 @@ from .metrics import summarize
 from .roofline import predict, separate_overhead, step_overhead
 from .workload import Workload
 
+# The note of a prediction with no per-step overhead taken out (the serving recipe's); the sweep's trials carry
+# ``roofline.FLAGS``' notes.
+OVER_CEILING = ("measured faster than the predicted ceiling: the bandwidth or FLOP/s figures understate this device "
+                "for this working set (measured under contention, or the weights fit in a cache)")
+
 
 def roofline_entry(result: TrialResult, metrics: dict, workload: Workload, figures: dict) -> dict | None:
     """The trial's predicted ceiling next to what it measured, or None when nothing ran to compare with."""

@@ -163,5 +163,7 @@ def test_the_best_is_the_top_candidate_that_re_measures_best():
     assert outcome["best"]["metrics"]["output_tokens_per_s"] == 118.0
     assert [(row["id"], row["first_pass"], row["remeasured"]) for row in outcome["candidates"]] == [
         (1, 130, 105.0), (2, 120, 118.0), (3, 110, 112.0)]
+    as_it_is = confirm(trials, requests=8, remeasure=remeasure, top=0)
+    assert as_it_is["picked"] == 1 and as_it_is["best"] is trials[1] and served == [1, 2, 3]
     nothing = confirm([trial(0, None, status="failed")], requests=8, remeasure=remeasure)
     assert nothing["picked"] is None and nothing["best"] is None and nothing["candidates"] == []

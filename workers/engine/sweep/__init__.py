@@ -184,13 +184,15 @@ def run_sweep(config: dict, *, grid: dict, workload: dict, search: str = "grid",
     progress(1.0, "done")
     # The overhead is fitted over every trial that ran, the confirmation runs included, and taken out of each.
     confirmed = confirmation.pop("best")
-    figures["overhead"] = with_step_overhead(trials + ([confirmed] if confirmed else []))
+    remeasured = confirmed is not None and all(confirmed is not trial for trial in trials)
+    figures["overhead"] = with_step_overhead(trials + ([confirmed] if remeasured else []))
     best = None
     if confirmed is not None:
         first_pass = next(trial for trial in trials if trial["id"] == confirmation["picked"])
         best = {"id": first_pass["id"], "params": first_pass["params"], "metrics": confirmed["metrics"],
                 "roofline": confirmed["roofline"], "repeats": confirmed.get("repeats"),
-                "first_pass_output_tokens_per_s": first_pass["metrics"]["output_tokens_per_s"], "confirmed": True}
+                "first_pass_output_tokens_per_s": first_pass["metrics"]["output_tokens_per_s"],
+                "confirmed": remeasured}
     return {
         "model": bench.model_description,
         "backend": bench.describe(),

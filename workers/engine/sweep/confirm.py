@@ -25,9 +25,14 @@ def candidates(trials: list[dict], requests: int, top: int = CONFIRM_TOP) -> lis
 
 def confirm(trials: list[dict], requests: int, remeasure: Callable[[dict], dict], top: int = CONFIRM_TOP) -> dict:
     """Re-measure the top candidates (``remeasure(trial) -> trial``, a fresh repeated trial of the same
-    configuration) and pick the highest re-measured median. Returns ``picked`` (the original trial's id, or None),
+    configuration) and pick the highest re-measured median; ``top`` 0 takes the first pass's leader as it is.
+    Returns ``picked`` (the original trial's id, or None),
     ``best`` (the re-measured trial of the pick, or None) and ``candidates`` (each: ``id``, ``params``,
     ``first_pass`` and ``remeasured`` output tokens/s, ``status``, ``repeats``)."""
+    if top <= 0:  # no confirmation asked for (a benchmark timing the search alone): the first pass's leader
+        leader = candidates(trials, requests, 1)
+        return {"top": 0, "candidates": [], "picked": leader[0]["id"] if leader else None,
+                "best": leader[0] if leader else None, "first_pass_leader": leader[0]["id"] if leader else None}
     chosen = candidates(trials, requests, top)
     rows, best, picked = [], None, None
     for trial in chosen:

@@ -1,7 +1,7 @@
 """The ``probe`` and ``envcheck`` verbs of ``python -m workers.engine``:
 
     probe [--json]                                          host facts and the devices torch can see (instant)
-    envcheck [--json] [--expected-devices 8] [--measure-seconds 0.5]     the full check (a few seconds)
+    envcheck [--json] [--expected-devices 8] [--measure-seconds 1.0]     the full check (a few seconds)
 
 ``VERBS`` maps each verb to an object with ``add_parser(verbs)`` and ``run(args, progress) -> dict``, the shape
 of every capability's ``cli`` module.

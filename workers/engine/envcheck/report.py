@@ -19,7 +19,7 @@ from .probe import probe_devices, probe_host
 from .software import software_stack
 
 MATMUL_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
-MEASURE_SECONDS = 0.5
+MEASURE_SECONDS = 1.0
 
 PARAMETERS = (
     Parameter("expected_devices_per_node", "int", "devices the node should have (the cluster's setting)",

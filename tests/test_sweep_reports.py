@@ -11,6 +11,8 @@ from django.test import Client
 from adaptation.intake import services as intake
 from adaptation.jobs import services as jobs
 from adaptation.models import StageRun
+from adaptation.sweeps.charts import chart_data
+from adaptation.sweeps.services import flagged as efficiency_flagged
 from workers.engine.sweep import run_sweep
 
 from .conftest import load_config
@@ -118,7 +120,7 @@ def test_an_efficiency_above_one_is_never_shown_without_the_ceiling_marked_suspe
     page = client_for.get(f"/sweeps/{run.pk}/").content.decode()
     assert "roofline ceiling suspect: measured 1.90× faster than it" in page
     # (a real trial of this loaded machine may be over its ceiling too: it is counted the same way)
-    over = sum((trial["roofline"] or {}).get("efficiency", 0) > 1 for trial in result["trials"])
+    over = sum(efficiency_flagged(trial["roofline"] or {}) for trial in result["trials"])
     assert f"{over} trial(s) measured faster than the roofline's ceiling" in page
     assert "ceiling suspect (1.90×)" in page and "roofline efficiency 1.90" not in page
     rows = list(csv.DictReader(io.StringIO(client_for.get(f"/sweeps/{run.pk}/trials.csv").content.decode())))
@@ -126,8 +128,35 @@ def test_an_efficiency_above_one_is_never_shown_without_the_ceiling_marked_suspe
     assert str(fast["id"]) in flagged and len(flagged) == over
     # The trials of a real sweep here stay below their ceiling or are flagged in the same way
     plain = client_for.get(f"/sweeps/{stored_sweep(cluster, owner, node, sweep_result).pk}/").content.decode()
-    assert ("ceiling suspect" in plain) == any(trial["roofline"] and trial["roofline"]["efficiency"] > 1
+    assert ("ceiling suspect" in plain) == any(trial["roofline"] and trial["roofline"]["flag"] == "over_ceiling"
                                                for trial in sweep_result["trials"])
+
+
+def test_the_sweep_page_shows_the_per_step_overhead_and_a_flag_in_place_of_an_impossible_efficiency(
+        client_for, cluster, owner, node, sweep_result):
+    import copy
+
+    result = copy.deepcopy(sweep_result)
+    overhead = result["roofline"]["overhead"]
+    assert overhead["seconds_per_step"] >= 0
+    flagged_trial = result["trials"][0]
+    flagged_trial["roofline"].update(flag="over_ceiling", efficiency=None, ceiling_ratio=1.37,
+                                     note="measured faster than the predicted ceiling")
+    for trial in result["trials"][1:]:
+        trial["roofline"].update(flag=None, efficiency=0.42, ceiling_ratio=None)
+    run = stored_sweep(cluster, owner, node, result)
+    page = client_for.get(f"/sweeps/{run.pk}/").content.decode()
+    assert f"Per-step overhead: {overhead['seconds_per_step']:.5f} s a step" in page
+    assert "ceiling suspect (1.37×)" in page and "1 trial(s) measured faster" in page
+    assert page.count("<td>0.42</td>") == len(result["trials"]) - 1
+    # The roofline chart plots no efficiency for it: it is marked on its ceiling instead
+    roofline = chart_data(result)["roofline"]["data"]
+    [marked] = [trace for trace in roofline if trace["name"].startswith("flagged")]
+    [plotted] = [trace for trace in roofline if trace["name"].startswith("trials")]
+    assert len(marked["x"]) == 1 and len(plotted["x"]) == len(result["trials"]) - 1
+    rows = list(csv.DictReader(io.StringIO(client_for.get(f"/sweeps/{run.pk}/trials.csv").content.decode())))
+    assert [row["roofline_ceiling_suspect"] for row in rows] == ["True"] + ["False"] * (len(rows) - 1)
+    assert rows[0]["roofline_efficiency"] == "" and rows[1]["step_overhead_s"] != ""
 
 
 def stored_sweep(cluster, owner, node, result, slug="qwen3-0.6b") -> StageRun:

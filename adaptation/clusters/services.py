@@ -176,6 +176,11 @@ def store_env_check(run: StageRun) -> None:
             "host_to_device_bytes_per_s": entry.get("host_to_device_bandwidth", {}).get("bytes_per_s"),
             "matmul_flops_per_s": {dtype: figures.get("flops_per_s")
                                    for dtype, figures in entry.get("matmul", {}).items() if figures.get("supported")},
+            # Max/min of each figure's repetitions (the figures are medians): how far to trust them.
+            "max_over_min": {name: (figures.get("spread") or {}).get("max_over_min") for name, figures in (
+                ("copy_bandwidth", entry.get("copy_bandwidth") or {}),
+                *((dtype, figures) for dtype, figures in entry.get("matmul", {}).items()
+                  if figures.get("supported")))},
             "free_memory_bytes": free_memory.get((device.kind, device.index)),
             "measured_at": run.finished.isoformat() if run.finished else None,
         }

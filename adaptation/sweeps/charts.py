@@ -34,6 +34,17 @@ def _by_precision(trials: list[dict]) -> dict[str, list[dict]]:
     return groups
 
 
+def _flagged(roofline: dict) -> bool:
+    return bool(roofline.get("flag")) or (roofline.get("efficiency") or 0) > 1
+
+
+def _ceiling(roofline: dict) -> float:
+    """The roof over a trial: bandwidth x intensity when memory-bound, else the FLOP/s."""
+    if roofline["bound"] == "memory-bound":
+        return roofline["arithmetic_intensity"] * roofline["memory_bandwidth_bytes_per_s"]
+    return roofline["flops_per_s"]
+
+
 def figures(result: dict) -> dict[str, go.Figure]:
     trials = ok_trials(result)
     groups = _by_precision(trials)
@@ -87,12 +98,23 @@ def figures(result: dict) -> dict[str, go.Figure]:
             xs = [ridge / 100, ridge, ridge * 100]
             roofline.add_trace(go.Scatter(x=xs, y=[min(bandwidth * x, peak) for x in xs], mode="lines",
                                           name=f"roof {precision}"))
+    with_roofline = [(t, name) for t, name in zip(trials, label, strict=True) if t.get("roofline")]
+    shown = [(t, name) for t, name in with_roofline if not _flagged(t["roofline"])]
     roofline.add_trace(go.Scatter(
-        x=[t["roofline"]["arithmetic_intensity"] for t in trials],
-        y=[t["roofline"]["arithmetic_intensity"] * t["roofline"]["memory_bandwidth_bytes_per_s"]
-           * t["roofline"]["efficiency"] if t["roofline"]["bound"] == "memory-bound"
-           else t["roofline"]["flops_per_s"] * t["roofline"]["efficiency"] for t in trials],
-        text=label, mode="markers", name="trials (ceiling × efficiency)"))
+        x=[t["roofline"]["arithmetic_intensity"] for t, _ in shown],
+        y=[_ceiling(t["roofline"]) * t["roofline"]["efficiency"] for t, _ in shown],
+        text=[name for _, name in shown], mode="markers", name="trials (ceiling × efficiency, overhead out)"))
+    # A flagged trial has no figure to plot: it is marked on its ceiling, so it is seen and not mistaken for one.
+    suspect = [(t, name) for t, name in with_roofline if _flagged(t["roofline"])]
+    if suspect:
+        roofline.add_trace(go.Scatter(
+            x=[t["roofline"]["arithmetic_intensity"] for t, _ in suspect],
+            y=[_ceiling(t["roofline"]) for t, _ in suspect],
+            text=[f"{name}: {t['roofline'].get('note') or 'measured faster than the ceiling'}" for t, name in suspect],
+            mode="markers", marker={"symbol": "x", "size": 10, "color": "#d92d20"},
+            name="flagged: no efficiency (over the ceiling)"))
+    trials = [t for t, _ in with_roofline]
+    label = [name for _, name in with_roofline]
     predicted = go.Figure(layout=_layout("Predicted vs measured time per trial", "predicted (s)", "measured (s)"))
     predicted.add_trace(go.Scatter(x=[t["roofline"]["predicted_seconds"] for t in trials],
                                    y=[t["roofline"]["measured_seconds"] for t in trials], text=label,

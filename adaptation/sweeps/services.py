@@ -21,7 +21,8 @@ REPORT_JS = Path(settings.BASE_DIR) / "static" / "js" / "sweep_report.js"
 CSV_COLUMNS = ["id", "rung", "status", "precision", "batch_size", "page_size", "max_batch_tokens",
                "output_tokens_per_s", "requests_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
                "itl_p50_s", "e2e_p50_s", "e2e_p99_s", "goodput_requests_per_s", "peak_memory_bytes",
-               "roofline_efficiency", "roofline_ceiling_suspect", "bound", "reason"]
+               "roofline_efficiency", "roofline_ceiling_suspect", "roofline_end_to_end_efficiency", "step_overhead_s",
+               "bound", "reason"]
 # A sweep small enough for a CPU node yet with 12 configurations; nodes with accelerators can be given more.
 ADAPTATION_SWEEP = {"grid": {"precision": ["fp32", "bf16"], "batch_size": [1, 2, 4], "page_size": [16, 32],
                              "max_batch_tokens": [256]},
@@ -69,14 +70,21 @@ def trials_csv(result: dict) -> str:
                          metrics.get("goodput_requests_per_s"), metrics.get("peak_memory_bytes"),
                          roofline.get("efficiency"),
                          # Above 1 cannot be true: the ceiling (the node's figures) is wrong, said in its own column.
-                         (roofline.get("efficiency") or 0) > 1 if roofline else None,
+                         flagged(roofline) if roofline else None,
+                         roofline.get("end_to_end_efficiency"), roofline.get("overhead_seconds_per_step"),
                          roofline.get("bound"), trial.get("reason")]])
     return out.getvalue()
 
 
+def flagged(roofline: dict) -> bool:
+    """Whether a trial's roofline efficiency cannot be shown as a figure: flagged by the sweep, or (a report from
+    before flags) above 1."""
+    return bool(roofline.get("flag")) or (roofline.get("efficiency") or 0) > 1
+
+
 def over_ceiling(result: dict) -> int:
-    """How many trials measured faster than their roofline ceiling (an efficiency above 1 cannot be true)."""
-    return sum(((trial.get("roofline") or {}).get("efficiency") or 0) > 1 for trial in result.get("trials", []))
+    """How many trials' efficiencies are flagged (an efficiency above 1 cannot be true)."""
+    return sum(flagged(trial.get("roofline") or {}) for trial in result.get("trials", []))
 
 
 def report_context(run: StageRun) -> dict:

@@ -12,6 +12,11 @@
     return value === null || value === undefined ? "—" : (value / scale).toFixed(2) + " " + unit;
   }
 
+  // A measured median with the max/min of its repetitions, when the env check recorded them.
+  function withSpread(text, ratio) {
+    return ratio ? text + " (max/min " + ratio.toFixed(2) + "×)" : text;
+  }
+
   // Layout: nodes on a row; each node's devices on a circle around it.
   function layout() {
     var positions = {};
@@ -94,9 +99,11 @@
     var body = document.querySelector("#device-table tbody");
     Object.keys(devices).forEach(function (id) {
       var d = devices[id], m = d.measured || {}, peak = d.published_peak, flops = m.matmul_flops_per_s || {};
+      var spread = m.max_over_min || {};
       var cells = [d.label, d.name, fmt(d.memory_bytes, 1073741824, "GiB"), fmt(m.free_memory_bytes, 1073741824, "GiB"),
-                   fmt(m.copy_bandwidth_bytes_per_s, 1e9, "GB/s"), fmt(flops.bf16, 1e12, "TFLOP/s"),
-                   fmt(flops.fp32, 1e12, "TFLOP/s"),
+                   withSpread(fmt(m.copy_bandwidth_bytes_per_s, 1e9, "GB/s"), spread.copy_bandwidth),
+                   withSpread(fmt(flops.bf16, 1e12, "TFLOP/s"), spread.bf16),
+                   withSpread(fmt(flops.fp32, 1e12, "TFLOP/s"), spread.fp32),
                    peak ? peak.matched + ": " + fmt(peak.memory_bandwidth, 1e12, "TB/s") + ", " +
                           fmt(peak.bf16_flops, 1e12, "TFLOP/s") : "not in the table"];
       var row = document.createElement("tr");

@@ -9,6 +9,9 @@ PASS, WARN, FAIL = "pass", "warn", "fail"
 # a busy device, a debug build). Real devices reach 70-90% of peak copy bandwidth and matmul throughput.
 FAR_BELOW_PEAK = 0.4
 REQUIRED_PACKAGES = ("torch", "transformers")
+# Repetitions of one figure further apart than this (max / min) say the device was shared while it was measured:
+# the median still stands, but a second check on an idle node is worth it before building on the figure.
+NOISY_MAX_OVER_MIN = 1.5
 
 
 def _check(name: str, status: str, message: str, **details) -> dict:
@@ -74,6 +77,40 @@ def peak_checks(per_device: list[dict]) -> list[dict]:
                                   f"{label} {figure}: {value / scale:.2f} {unit} measured, {ratio:.0%} of the "
                                   f"published {peak_value / scale:.2f} {unit} ({peak['matched']}){advice}.",
                                   ratio=ratio, measured=value, published=peak_value))
+    return results
+
+
+def _figures(measured: dict):
+    """(name, figure dict) of every repeated measurement of one device."""
+    for name in ("copy_bandwidth", "host_to_device_bandwidth"):
+        if measured.get(name):
+            yield name.replace("_", " "), measured[name]
+    for dtype, figure in (measured.get("matmul") or {}).items():
+        if figure.get("supported"):
+            yield f"{dtype} matmul", figure
+
+
+def repeatability_checks(per_device: list[dict]) -> list[dict]:
+    """Whether each device's repetitions agree: a warning names the figures whose max/min exceeds
+    ``NOISY_MAX_OVER_MIN``."""
+    results = []
+    for measured in per_device:
+        ratios = {name: figure["spread"]["max_over_min"] for name, figure in _figures(measured)
+                  if (figure.get("spread") or {}).get("max_over_min")}
+        if not ratios:
+            continue
+        noisy = {name: ratio for name, ratio in ratios.items() if ratio > NOISY_MAX_OVER_MIN}
+        label = f"{measured['device']} ({measured['name']})"
+        if noisy:
+            listed = ", ".join(f"{name} {ratio:.2f}x" for name, ratio in noisy.items())
+            results.append(_check("repeatability", WARN,
+                                  f"{label}: repetitions disagree (max/min {listed}, over {NOISY_MAX_OVER_MIN}x): "
+                                  f"other work shared the device while it was measured. The medians are reported; "
+                                  f"check again on an idle node before trusting them.", max_over_min=ratios))
+        else:
+            results.append(_check("repeatability", PASS,
+                                  f"{label}: every figure's repetitions within {max(ratios.values()):.2f}x of "
+                                  f"each other.", max_over_min=ratios))
     return results
 
 

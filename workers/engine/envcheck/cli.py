@@ -1,7 +1,7 @@
 """The ``probe`` and ``envcheck`` verbs of ``python -m workers.engine``:
 
     probe [--json]                                          host facts and the devices torch can see (instant)
-    envcheck [--json] [--expected-devices 8] [--measure-seconds 0.3]     the full check (a few seconds)
+    envcheck [--json] [--expected-devices 8] [--measure-seconds 1.0]     the full check (a few seconds)
 
 ``VERBS`` maps each verb to an object with ``add_parser(verbs)`` and ``run(args, progress) -> dict``, the shape
 of every capability's ``cli`` module.
@@ -10,6 +10,7 @@ of every capability's ``cli`` module.
 from __future__ import annotations
 
 from . import env_check, env_probe
+from .report import MEASURE_SECONDS
 
 
 class probe:  # noqa: N801 - a verb, named as it is typed
@@ -29,7 +30,8 @@ class envcheck:  # noqa: N801
         parser = verbs.add_parser("envcheck", help="the full environment check: devices, links, measurements, checks")
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
         parser.add_argument("--expected-devices", type=int, help="devices this node should have (fails when fewer)")
-        parser.add_argument("--measure-seconds", type=float, default=0.3, help="timed work per measurement")
+        parser.add_argument("--measure-seconds", type=float, default=MEASURE_SECONDS,
+                            help="timed work per measurement, split over its repetitions")
 
     @staticmethod
     def run(args, progress) -> dict:

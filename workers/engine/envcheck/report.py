@@ -1,7 +1,8 @@
 """The ``env_check`` stage: host, software stack, devices, interconnect, measurements and checks of one node.
 
-Every figure is measured on the node itself, each measurement bounded to well under a second of timed work, so
-a full check of an 8-GPU node takes seconds. The report is plain JSON-ready data; the control plane stores it.
+Every figure is measured on the node itself as the median of several timed repetitions on a working set chosen
+from the device (``measure``), with its spread, each measurement about ``measure_seconds`` of timed work, so a
+full check of an 8-GPU node takes seconds. The report is plain JSON-ready data; the control plane stores it.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from .probe import probe_devices, probe_host
 from .software import software_stack
 
 MATMUL_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
+MEASURE_SECONDS = 1.0
 
 PARAMETERS = (
     Parameter("expected_devices_per_node", "int", "devices the node should have (the cluster's setting)",
               nullable=True, minimum=0, maximum=4096, set_by="control"),
-    Parameter("measure_seconds", "float", "timed work per measurement", default=0.3, minimum=0.01, maximum=30),
+    Parameter("measure_seconds", "float", "timed work per measurement (split over its repetitions)",
+              default=MEASURE_SECONDS, minimum=0.01, maximum=30),
     Parameter("cpu_ranks", "int", "gloo processes for the collectives on a CPU-only node", default=2, minimum=2,
               maximum=16),
     Parameter("required_packages", "list", "packages the node must have (default: torch, transformers)",
@@ -120,7 +123,7 @@ def build_links(devices: list[dict], peers, topology: dict | None, collectives: 
 def env_check(params: dict, progress) -> dict:
     params = validate("env_check", PARAMETERS, params, control=True)
     started = time.monotonic()
-    budget = float(params.get("measure_seconds", 0.3))
+    budget = float(params.get("measure_seconds", MEASURE_SECONDS))
     progress(0.02, "host and software")
     host = probe_host()
     software = software_stack()
@@ -147,7 +150,8 @@ def env_check(params: dict, progress) -> dict:
     results = [checks.device_count_check(devices, params.get("expected_devices_per_node")),
                *checks.peer_access_checks(peers),
                *checks.package_checks(software["packages"], params.get("required_packages", checks.REQUIRED_PACKAGES)),
-               *checks.peak_checks(per_device)]
+               *checks.peak_checks(per_device),
+               *checks.repeatability_checks(per_device)]
     if "error" in collectives:
         results.append({"name": "collectives", "status": checks.WARN,
                         "message": f"Collective measurement failed: {collectives['error']}"})

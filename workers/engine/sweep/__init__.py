@@ -2,6 +2,11 @@
 serving metrics (TTFT, TPOT, ITL, E2E latency, throughput, goodput, peak memory; vLLM's definitions, see
 ``metrics``) and a roofline (predicted ceiling time, efficiency, memory- or compute-bound; see ``roofline``).
 
+Every trial is served ``repeats`` (>= 3) times and reported as its median run with the spread; the best
+configuration is confirmed by re-measuring the search's top candidates (``confirm``); the roofline's ceilings are
+the node's latest env check (the control plane passes them) or measured the env check's way, and its per-step
+overhead is fitted over the sweep's smallest trials and reported (``roofline``).
+
 ``run_sweep(config, grid=..., workload=..., search="grid"|"smart")`` is the entry point; ``sweep_stage`` is the same
 as a node stage. Plain Python + torch + transformers: no Django, so it runs on bare GPU nodes. Importing the package
 imports neither (the stage's ``PARAMETERS`` are checked by the control plane and the web tier): the backends, the
@@ -19,8 +24,9 @@ import gc
 from typing import TYPE_CHECKING
 
 from ..parameters import Parameter, device_string, validate
+from .confirm import CONFIRM_TOP, confirm
 from .metrics import DEFINITIONS
-from .search import GRID_KEYS, SEARCH_HELP, SEARCHES, TrialParams, best_trial, configurations
+from .search import GRID_KEYS, SEARCH_HELP, SEARCHES, TrialParams, configurations
 from .workload import Workload
 
 if TYPE_CHECKING:
@@ -30,6 +36,7 @@ MAX_CONFIGURATIONS = 4096
 # One run of a trial can be 6x off another on a busy node (issue 14 saw batch 2 at 132 tok/s, batch 1 at 815): the
 # median of three is the figure, and the spread says how far to trust it.
 REPEATS = 3
+MIN_REPEATS = 3
 # The proxy's backends (``backends.BACKENDS``, which imports torch, is keyed by these names).
 PROXY_BACKENDS = ("transformers",)
 # Real serving engines are external programs on the node, served and benchmarked by the serve_sweep stage
@@ -73,8 +80,10 @@ PARAMETERS = (
               check=Workload.from_dict),
     Parameter("search", "choice", SEARCH_HELP, default="grid", choices=tuple(SEARCHES)),
     Parameter("repeats", "int", "times each configuration serves its workload; the trial is the median run by "
-              "output tokens/s, with every run's figure and the spread beside it", default=REPEATS, minimum=1,
-              maximum=20),
+              "output tokens/s, with every run's figure and the spread beside it", default=REPEATS,
+              minimum=MIN_REPEATS, maximum=20),
+    Parameter("confirm_top", "int", "the best trials served again (each `repeats` times) to pick the best "
+              "configuration by its re-measured median", default=CONFIRM_TOP, minimum=1, maximum=10),
     Parameter("hardware", "object", "memory_bandwidth_bytes_per_s and flops_per_s by precision for the roofline "
               "(default: the node's latest env check)", nullable=True, check=check_hardware),
     Parameter("device", "str", "device to serve on, e.g. cuda:0 (default: the node's first accelerator, else cpu)",
@@ -124,17 +133,18 @@ def repeated(run_once, repeats: int) -> dict:
 
 def run_sweep(config: dict, *, grid: dict, workload: dict, search: str = "grid", device=None,
               hardware: dict | None = None, progress=None, reduce: bool = True, backend: str = "transformers",
-              repeats: int = REPEATS) -> dict:
+              repeats: int = REPEATS, confirm_top: int = CONFIRM_TOP) -> dict:
     """Run the grid's configurations (all of them, or a successive-halving subset with ``search="smart"``).
 
     Returns ``trials`` (each: ``id``, ``rung``, ``params``, ``workload``, ``status`` ok/oom/unsupported/failed/
     skipped, ``reason``, ``metrics``, ``roofline``, ``details``), ``best`` (the highest output tokens/s over the full
-    workload, or None), ``search`` (``strategy``, ``trials_run``, ``seconds``...), ``roofline`` (the bandwidth and
-    FLOP/s used, where each came from, the formulas), ``model``, ``backend``, ``backends``, ``workload``, ``grid``
-    and ``metric_definitions``.
+    workload after re-measuring the top ``confirm_top``, or None), ``confirmation`` (the candidates' first-pass and
+    re-measured figures), ``search`` (``strategy``, ``trials_run``, ``seconds``...), ``roofline`` (the bandwidth and
+    FLOP/s used, where each came from, their spread when measured here, the per-step ``overhead`` fit, the formulas),
+    ``model``, ``backend``, ``backends``, ``workload``, ``grid`` and ``metric_definitions``.
     """
     from .backends import BACKENDS, Trial
-    from .evaluation import evaluate
+    from .evaluation import evaluate, with_step_overhead
     from .roofline import hardware_figures
 
     progress = progress or _no_progress
@@ -163,12 +173,25 @@ def run_sweep(config: dict, *, grid: dict, workload: dict, search: str = "grid",
     gc.freeze()
     try:
         outcome = SEARCHES[search](configs, parsed_workload, run_trial,
-                                   lambda fraction, message: progress(0.02 + 0.97 * fraction, message))
+                                   lambda fraction, message: progress(0.02 + 0.95 * fraction, message))
+        trials = outcome.pop("trials")
+        progress(0.97, f"confirming the best by re-measuring the top {confirm_top}")
+        confirmation = confirm(trials, parsed_workload.requests,
+                               lambda trial: run_trial(TrialParams(**trial["params"]), parsed_workload), confirm_top)
     finally:
         gc.unfreeze()
     progress(1.0, "done")
-    trials = outcome.pop("trials")
-    best = best_trial(trials, parsed_workload)
+    # The overhead is fitted over every trial that ran, the confirmation runs included, and taken out of each.
+    confirmed = confirmation.pop("best")
+    remeasured = confirmed is not None and all(confirmed is not trial for trial in trials)
+    figures["overhead"] = with_step_overhead(trials + ([confirmed] if remeasured else []))
+    best = None
+    if confirmed is not None:
+        first_pass = next(trial for trial in trials if trial["id"] == confirmation["picked"])
+        best = {"id": first_pass["id"], "params": first_pass["params"], "metrics": confirmed["metrics"],
+                "roofline": confirmed["roofline"], "repeats": confirmed.get("repeats"),
+                "first_pass_output_tokens_per_s": first_pass["metrics"]["output_tokens_per_s"],
+                "confirmed": remeasured}
     return {
         "model": bench.model_description,
         "backend": bench.describe(),
@@ -180,7 +203,8 @@ def run_sweep(config: dict, *, grid: dict, workload: dict, search: str = "grid",
         "search": outcome,
         "repeats": repeats,
         "trials": trials,
-        "best": None if best is None else {key: best[key] for key in ("id", "params", "metrics", "roofline")},
+        "best": best,
+        "confirmation": confirmation,
         "roofline": figures,
         "metric_definitions": DEFINITIONS,
     }
@@ -213,7 +237,8 @@ def sweep_stage(params: dict, progress) -> dict:
     result = run_sweep(params["config"], grid=params.get("grid") or {}, workload=params.get("workload") or {},
                        search=params.get("search", "grid"), device=params.get("device"),
                        hardware=params.get("hardware"), progress=progress, reduce=params.get("reduce", True),
-                       backend=params.get("backend", "transformers"), repeats=params.get("repeats", REPEATS))
+                       backend=params.get("backend", "transformers"), repeats=params.get("repeats", REPEATS),
+                       confirm_top=params.get("confirm_top", CONFIRM_TOP))
     if result["best"] is None:
         raise SweepFailed(result["trials"])
     return result

@@ -312,7 +312,10 @@ def _serve_static(model, cost: ModelCost, trial: Trial, device: torch.device, vo
     records = _static_waves(model, measured, wave_size, device, deadline, memory.sample)
     details = {"serving_path": STATIC_PATH, "paged_cache_error": paged_cache_error,
                "attention": model.config._attn_implementation, "wave_size": wave_size,
-               "warmup_requests": len(warmup)}
+               "warmup_requests": len(warmup),
+               # One forward per token of a wave's longest output (the first one is the prefill).
+               "generation_steps": sum(max(request.output_tokens for request in measured[first:first + wave_size])
+                                       for first in range(0, len(measured), wave_size))}
     memory_figures = {**memory.result(), "kv_cache_bytes": None,
                       "weight_bytes": cost.dense_weight_bytes + cost.expert_weight_bytes}
     return TrialResult(params, "ok", None, records, cost, memory_figures, details)

@@ -4,7 +4,7 @@
 
 Lengths take a fixed ``32``, a uniform range ``16-64`` or a list ``16,32,48``. ``--hardware`` reads a JSON file with
 ``memory_bandwidth_bytes_per_s`` and ``flops_per_s`` by precision (the env check's figures); without it the sweep
-measures the device quickly itself, and the output's ``roofline.source`` says which.
+measures the device itself the way the env check does, and the output's ``roofline.source`` says which.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from . import run_sweep
+from . import MIN_REPEATS, run_sweep
 from .search import SEARCH_HELP, SEARCHES
 
 
@@ -22,6 +22,13 @@ def _ints(text: str) -> list[int]:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, not {text!r}") from None
+
+
+def _repeats(text: str) -> int:
+    value = int(text)
+    if value < MIN_REPEATS:
+        raise argparse.ArgumentTypeError(f"at least {MIN_REPEATS}: one run's figure can be several times another's")
+    return value
 
 
 def _names(text: str) -> list[str]:
@@ -61,7 +68,10 @@ def add_parser(verbs) -> argparse.ArgumentParser:
     parser.add_argument("--device", help="torch device (default: the first accelerator, else the CPU)")
     parser.add_argument("--hardware", type=Path, help="JSON file with the node's bandwidth and FLOP/s")
     parser.add_argument("--full-model", action="store_true", help="serve the full model, not the reduced one")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per configuration; the median is reported")
+    parser.add_argument("--repeats", type=_repeats, default=3,
+                        help="runs per configuration (at least 3); the median is reported with the spread")
+    parser.add_argument("--confirm-top", type=int, default=3,
+                        help="the best trials served again to pick the best by its re-measured median")
     return parser
 
 
@@ -80,4 +90,5 @@ def run(args: argparse.Namespace, progress=None) -> dict:
             "max_batch_tokens": args.max_batch_tokens}
     hardware = json.loads(args.hardware.read_text()) if args.hardware else None
     return run_sweep(config, grid=grid, workload=workload, search=args.search, device=args.device,
-                     hardware=hardware, progress=progress, reduce=not args.full_model, repeats=args.repeats)
+                     hardware=hardware, progress=progress, reduce=not args.full_model, repeats=args.repeats,
+                     confirm_top=args.confirm_top)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from .backends import TrialResult
 from .metrics import summarize
-from .roofline import predict
+from .roofline import predict, separate_overhead, step_overhead
 from .workload import Workload
 
+# The note of a prediction with no per-step overhead taken out (the serving recipe's); the sweep's trials carry
+# ``roofline.FLAGS``' notes.
 OVER_CEILING = ("measured faster than the predicted ceiling: the bandwidth or FLOP/s figures understate this device "
                 "for this working set (measured under contention, or the weights fit in a cache)")
 
@@ -24,22 +26,38 @@ def roofline_entry(result: TrialResult, metrics: dict, workload: Workload, figur
                          concurrency=concurrency, max_batch_tokens=params.max_batch_tokens,
                          flops_per_s=flops_per_s, bytes_per_s=figures["memory_bandwidth_bytes_per_s"])
     itl = metrics.get("itl_s")
-    decode_step = prediction["decode"]["step_seconds"]
     predicted = prediction.pop("seconds")
-    efficiency = predicted / metrics["duration_s"]
-    return {
+    predicted_steps = prediction.pop("steps")
+    scheduled = result.details.get("generation_steps")
+    entry = {
         **prediction,
         "predicted_seconds": predicted,
         "measured_seconds": metrics["duration_s"],
-        "efficiency": efficiency,
-        "note": OVER_CEILING if efficiency > 1 else None,
+        # The forward steps the backend ran when it counts them (transformers' scheduler mixes a new request's
+        # prefill into decode steps), else the steps the schedule implies: the per-step overhead is paid per step run.
+        "steps": scheduled or predicted_steps,
+        "predicted_steps": predicted_steps,
+        "steps_from": "counted by the backend" if scheduled else "predicted from the schedule",
         # Each decode step emits one token per request in flight, so the median gap between tokens is a step's time.
         "measured_decode_step_seconds": itl["p50"] if itl else None,
-        "decode_step_efficiency": decode_step / itl["p50"] if itl and decode_step else None,
         "flops_per_s": flops_per_s,
         "memory_bandwidth_bytes_per_s": figures["memory_bandwidth_bytes_per_s"],
         "model": result.cost.as_dict(),
     }
+    # Until the sweep has fitted its per-step overhead from all its trials, none is taken out.
+    return separate_overhead(entry, 0.0)
+
+
+def with_step_overhead(trials: list[dict]) -> dict | None:
+    """Fit the per-step overhead over ``trials``' roofline entries and take it out of each (in place); returns the
+    fit (``roofline.step_overhead``), or None when no trial has a roofline."""
+    entries = [trial["roofline"] for trial in trials if trial.get("roofline")]
+    overhead = step_overhead(entries)
+    if overhead is not None:
+        for trial in trials:
+            if trial.get("roofline"):
+                trial["roofline"] = separate_overhead(trial["roofline"], overhead["seconds_per_step"])
+    return overhead
 
 
 def evaluate(result: TrialResult, workload: Workload, figures: dict) -> dict:

@@ -13,13 +13,23 @@ Patterson, "Roofline", CACM 2009), with:
   + the KV cache: prefill writes kv_bytes_per_token for each prompt token, each decode token reads its whole
   context (sliding-window layers at most their window), as transformers' paged cache stores it
   (2 x KV heads x head_dim x activation bytes per layer and token).
-- Steps: prefill packs prompt tokens into ceil(prompt tokens / max_batch_tokens) steps; decode runs
+- Steps, as transformers' continuous batching schedules them: a step carries at most ``max_batch_tokens`` tokens
+  and ``max_requests_per_batch`` (the batch size) requests, a long prompt in chunks of at most max_batch_tokens;
+  so prefill takes max(ceil(prompt tokens / max_batch_tokens), ceil(prompt chunks / requests per step)) steps
+  (batch 1 prefills one request per step: eight requests, eight steps); decode runs
   ceil(decode tokens / concurrency) steps, each producing one token for every request in flight.
 
-Efficiency = predicted ceiling time / measured time (<= 1 when the hardware figures are right); the trial is
-memory-bound when its arithmetic intensity (FLOPs / bytes) is below the ridge point (FLOP/s / bytes/s), else
-compute-bound. The node's figures come from the ``hardware`` parameter (measured by its env check) or, when absent,
-from a quick copy-bandwidth and matmul measurement on the device; the output says which.
+Each step also costs a fixed overhead that is neither bandwidth nor compute (Python scheduling, kernel launches,
+sampling): ``step_overhead`` fits measured seconds per step against ceiling seconds per step over the smallest
+trials of a sweep (the intercept is the overhead, Williams et al.'s roofline has none), and ``separate_overhead``
+takes ``steps x overhead`` out of each trial's measured time before dividing: efficiency = ceiling time /
+(measured - steps x overhead) describes the hardware, ``end_to_end_efficiency`` = ceiling / measured the whole.
+An efficiency above 1 cannot be true; such a trial carries ``flag`` (its figure is not shown as one).
+
+The trial is memory-bound when its arithmetic intensity (FLOPs / bytes) is below the ridge point (FLOP/s / bytes/s),
+else compute-bound. The node's figures come from the ``hardware`` parameter (the node's latest env check, passed
+by the control plane) or, when absent, are measured on the device the way the env check measures them (the median
+of repeated timings on a buffer past the caches, ``envcheck.measure``); the output says which.
 """
 
 from __future__ import annotations
@@ -36,12 +46,24 @@ FORMULAS = {
     "bytes": "weights read once per step + KV cache (prefill writes prompt tokens, each decode token reads its "
              "context) at kv_bytes_per_token",
     "time": "per phase max(flops / flops_per_s, bytes / memory_bandwidth_bytes_per_s); predicted = prefill + decode",
-    "efficiency": "predicted ceiling seconds / measured duration seconds",
+    "steps": "prefill max(ceil(prompt tokens / max_batch_tokens), ceil(prompt chunks / requests per step)); decode "
+             "ceil(decode tokens / concurrency)",
+    "overhead": "seconds per step = overhead + slope x ceiling seconds per step, fitted over the smallest trials",
+    "efficiency": "predicted ceiling seconds / (measured seconds - steps x per-step overhead)",
+    "end_to_end_efficiency": "predicted ceiling seconds / measured duration seconds",
     "bound": "memory-bound if flops / bytes < flops_per_s / memory_bandwidth_bytes_per_s (the ridge point)",
 }
-# Small enough to cost well under a second on a CPU node; sized for a rough figure, not the env check's.
-MEASURE_BYTES = 64 * 2**20
-MEASURE_SECONDS = 0.1
+OVER_CEILING = "over_ceiling"
+OVERHEAD_EXPLAINS_ALL = "overhead_explains_all"
+FLAGS = {
+    OVER_CEILING: "measured faster than the predicted ceiling once the per-step overhead is taken out: the bandwidth "
+                  "or FLOP/s figures understate this device for this working set (weights that fit in a cache, "
+                  "figures measured under load), or the overhead fit overstates this trial's",
+    OVERHEAD_EXPLAINS_ALL: "the fitted per-step overhead accounts for all of the measured time: nothing is left "
+                           "to judge the hardware by",
+}
+# The trials the overhead is fitted over: the smallest third by ceiling seconds per step, and at least this many.
+OVERHEAD_FIT_MIN_TRIALS = 3
 
 
 @dataclass(frozen=True)
@@ -143,23 +165,28 @@ def hardware_figures(hardware: dict | None, device, precisions: list[str]) -> di
         if value is not None and not (isinstance(value, int | float) and value > 0):
             raise ValueError(f"hardware figure {name} must be a positive number, not {value!r}")
     given = "hardware parameter (the node's env check)"
-    measured = f"measured by the sweep on {device} ({MEASURE_SECONDS:g} s each)"
+    measured = f"measured by the sweep on {device} as the env check does"
     figures = {"memory_bandwidth_bytes_per_s": hardware.get("memory_bandwidth_bytes_per_s"), "flops_per_s": {},
-               "source": {"memory_bandwidth_bytes_per_s": given, "flops_per_s": {}}, "formulas": FORMULAS}
+               "source": {"memory_bandwidth_bytes_per_s": given, "flops_per_s": {}}, "spread": {},
+               "formulas": FORMULAS}
     if figures["memory_bandwidth_bytes_per_s"] is None:
-        copy = copy_bandwidth(device, size_bytes=MEASURE_BYTES, budget_seconds=MEASURE_SECONDS)
+        copy = copy_bandwidth(device)
         figures["memory_bandwidth_bytes_per_s"] = copy["bytes_per_s"]
-        figures["source"]["memory_bandwidth_bytes_per_s"] = f"{measured}: copy, {copy['counting']}"
+        figures["spread"]["memory_bandwidth_bytes_per_s"] = copy["spread"]
+        figures["source"]["memory_bandwidth_bytes_per_s"] = (
+            f"{measured}: copy of {copy['size_bytes'] / 2**20:.0f} MiB ({copy['size_from']}), {copy['counting']}, "
+            f"median of {copy['repetitions']}")
     for precision in precisions:
         if given_flops.get(precision):
             figures["flops_per_s"][precision] = given_flops[precision]
             figures["source"]["flops_per_s"][precision] = given
             continue
-        result = matmul_throughput(device, precision, budget_seconds=MEASURE_SECONDS,
-                                   max_n=1024 if device.type == "cpu" else None)
+        result = matmul_throughput(device, precision)
         if result["supported"]:
             figures["flops_per_s"][precision] = result["flops_per_s"]
-            figures["source"]["flops_per_s"][precision] = f"{measured}: {result['n']}^3 matmul"
+            figures["spread"][precision] = result["spread"]
+            figures["source"]["flops_per_s"][precision] = (f"{measured}: {result['n']}^3 matmul, median of "
+                                                           f"{result['repetitions']}")
         else:
             figures["flops_per_s"][precision] = None
             figures["source"]["flops_per_s"][precision] = f"not measurable: {result['reason']}"
@@ -178,16 +205,27 @@ def bound(intensity: float, ridge: float) -> str:
     return "compute-bound" if intensity >= ridge else "memory-bound"
 
 
+def prefill_steps(prompts: list[int], *, max_batch_tokens: int, requests_per_step: int) -> int:
+    """Steps that prefill ``prompts`` when a step carries at most ``max_batch_tokens`` tokens and
+    ``requests_per_step`` requests, and a prompt longer than max_batch_tokens is split into chunks."""
+    if not sum(prompts):
+        return 0
+    chunks = sum(math.ceil(prompt / max_batch_tokens) for prompt in prompts if prompt)
+    return max(math.ceil(sum(prompts) / max_batch_tokens), math.ceil(chunks / max(requests_per_step, 1)))
+
+
 def predict(cost: ModelCost, lengths: list[tuple[int, int]], *, concurrency: int, max_batch_tokens: int,
             flops_per_s: float, bytes_per_s: float) -> dict:
-    """The ceiling time of serving requests of (prompt tokens, output tokens), see the module docstring."""
+    """The ceiling time of serving requests of (prompt tokens, output tokens), see the module docstring;
+    ``concurrency``: requests a step can carry (the batch size, or fewer when fewer are in flight)."""
     prompt_tokens = sum(prompt for prompt, _ in lengths)
-    prefill_steps = math.ceil(prompt_tokens / max_batch_tokens) if prompt_tokens else 0
-    tokens_per_prefill_step = min(prompt_tokens, max_batch_tokens)
+    steps = prefill_steps([prompt for prompt, _ in lengths], max_batch_tokens=max_batch_tokens,
+                          requests_per_step=concurrency)
+    tokens_per_prefill_step = math.ceil(prompt_tokens / steps) if steps else 0
     prefill = _phase(2 * cost.active_parameters * prompt_tokens,
-                     prefill_steps * cost.weight_bytes_per_step(tokens_per_prefill_step)
+                     steps * cost.weight_bytes_per_step(tokens_per_prefill_step)
                      + sum(cost.kv_bytes(prompt) for prompt, _ in lengths),
-                     prefill_steps, flops_per_s, bytes_per_s)
+                     steps, flops_per_s, bytes_per_s)
     # The first output token comes out of the prefill step; each later one is a decode step over the context so far.
     decode_tokens = sum(max(output - 1, 0) for _, output in lengths)
     decode_steps = math.ceil(decode_tokens / concurrency) if decode_tokens else 0
@@ -198,4 +236,56 @@ def predict(cost: ModelCost, lengths: list[tuple[int, int]], *, concurrency: int
     flops, moved = prefill["flops"] + decode["flops"], prefill["bytes"] + decode["bytes"]
     ridge = flops_per_s / bytes_per_s
     return {"prefill": prefill, "decode": decode, "seconds": prefill["seconds"] + decode["seconds"],
-            "arithmetic_intensity": flops / moved, "ridge_point": ridge, "bound": bound(flops / moved, ridge)}
+            "steps": steps + decode_steps, "arithmetic_intensity": flops / moved, "ridge_point": ridge,
+            "bound": bound(flops / moved, ridge)}
+
+
+def _per_step(roofline: dict) -> tuple[float, float]:
+    """(ceiling seconds per step, measured seconds per step) of one trial's roofline entry."""
+    steps = roofline["steps"]
+    return roofline["predicted_seconds"] / steps, roofline["measured_seconds"] / steps
+
+
+def step_overhead(entries: list[dict]) -> dict | None:
+    """The fixed seconds every step costs beyond its bandwidth and compute time, from roofline entries (each with
+    ``steps``, ``predicted_seconds``, ``measured_seconds``): a least-squares line of measured seconds per step
+    against ceiling seconds per step over the smallest trials (the third with the least work per step, at least
+    ``OVERHEAD_FIT_MIN_TRIALS``), whose intercept at zero work is the overhead. Small trials are where the overhead
+    dominates, and the line through them extrapolated to no work leaves only it. None without entries."""
+    usable = sorted((entry for entry in entries if entry and entry.get("steps")), key=_per_step)
+    if not usable:
+        return None
+    fitted = usable[:max(OVERHEAD_FIT_MIN_TRIALS, math.ceil(len(usable) / 3))]
+    points = [_per_step(entry) for entry in fitted]
+    xs, ys = [x for x, _ in points], [y for _, y in points]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread_x = sum((x - mean_x) ** 2 for x in xs)
+    if len(points) >= 2 and spread_x > 0:
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / spread_x
+        intercept, method = mean_y - slope * mean_x, "intercept of a least-squares line"
+    else:
+        # One trial, or trials of equal work per step: no line; the least time beyond the ceiling is the overhead.
+        slope, intercept, method = 1.0, min(y - x for x, y in points), "least measured - ceiling seconds per step"
+    # The overhead cannot be negative, nor more than the fastest fitted step took.
+    overhead = min(max(intercept, 0.0), min(ys))
+    return {"seconds_per_step": overhead, "slope": slope, "fitted_trials": len(points), "method": method,
+            "fitted_points": [{"ceiling_seconds_per_step": x, "measured_seconds_per_step": y} for x, y in points]}
+
+
+def separate_overhead(entry: dict, overhead_per_step: float) -> dict:
+    """One trial's roofline entry with ``steps x overhead`` taken out of its measured time: ``efficiency`` of the
+    hardware, ``end_to_end_efficiency`` of the whole, and ``flag`` when the efficiency cannot be true (above 1,
+    or no time left once the overhead is out); a flagged trial's ``efficiency`` is None."""
+    measured, predicted = entry["measured_seconds"], entry["predicted_seconds"]
+    overhead = entry["steps"] * overhead_per_step
+    hardware = measured - overhead
+    efficiency = predicted / hardware if hardware > 0 else None
+    flag = OVERHEAD_EXPLAINS_ALL if efficiency is None else OVER_CEILING if efficiency > 1 else None
+    itl_step, decode_step = entry.get("measured_decode_step_seconds"), entry["decode"]["step_seconds"]
+    decode_hardware = itl_step - overhead_per_step if itl_step else None
+    return {**entry, "overhead_seconds": overhead, "overhead_seconds_per_step": overhead_per_step,
+            "hardware_seconds": hardware, "end_to_end_efficiency": predicted / measured,
+            "efficiency": None if flag else efficiency, "ceiling_ratio": efficiency if flag else None,
+            "flag": flag, "note": FLAGS.get(flag),
+            "decode_step_efficiency": decode_step / decode_hardware if decode_step and decode_hardware and
+            decode_hardware > 0 else None}

@@ -146,7 +146,8 @@ def statements_per_job(team, user) -> dict[str, list[str]]:
         phase("started", lambda: control.stage_started(*key.message(protocol.STAGE_STARTED, [run.pk])))
         phase("progress", lambda: control.stage_progress(*key.message(protocol.STAGE_PROGRESS, [run.pk, 0.1, "x"])))
         phase("finished", lambda: control.stage_finished(*key.message(protocol.STAGE_FINISHED,
-                                                                      [run.pk, True, {"host": {}}, "", ""])))
+                                                                      [run.pk, True, {"host": {}}, "", ""],
+                                                                      ran_for=0.002)))
         assert AdaptationJob.objects.get(pk=job.pk).status == "succeeded"
     finally:
         jobs.celery_app = real
@@ -220,14 +221,16 @@ def main() -> None:
             p90 = ordered[int(0.9 * (len(ordered) - 1))]
             print(f"{name:<8}{statistics.median(ordered) * 1e3:>8.1f}{p90 * 1e3:>8.1f}{ordered[0] * 1e3:>8.1f}")
         print(f"median ratio d0 / floor (per round): {statistics.median(ratios):.2f}x (goal <= 2.0x)")
-        # A probe sends no progress report (a node sends none in a stage's first half-second): its cost is apart.
-        job = {name: statements for name, statements in counts.items() if name != "progress"}
+        # A probe sends no started or progress report (a node sends neither in a stage's first half-second; its
+        # finished report says how long it ran): their cost is printed apart, for longer stages.
+        job = {name: statements for name, statements in counts.items() if name not in ("started", "progress")}
         transactions = sum(statements.count("BEGIN") for statements in job.values())
         print(f"SQL statements per env_probe job: {sum(map(len, job.values())) - 2 * transactions} (goal <= 15) "
               f"in {transactions} transactions (BEGIN/COMMIT not counted): "
               + ", ".join(f"{name} {len(statements) - 2 * statements.count('BEGIN')}"
                           for name, statements in job.items())
-              + f"; each progress report of a longer stage: {len(counts['progress'])}")
+              + f"; a longer stage's started report: {len(counts['started']) - 2 * counts['started'].count('BEGIN')}, "
+              f"each of its progress reports: {len(counts['progress'])}")
         if args.burst:
             figures = burst(team, user, cluster, floor_chain.app, results, floor_control, args.burst)
             print(f"burst of {args.burst}: d0 {figures['d0']:.1f} jobs/s, floor {figures['floor']:.1f} chains/s "

@@ -101,7 +101,9 @@ def token(owner):
 
 @schema.parametrize()
 # The fixtures' rows are made once per operation and shared by its examples; each example is rolled back below.
-@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+# No deadline: Hypothesis fails an example that takes over 200 ms twice as "unreliable timings", and on a loaded CI
+# machine a config upload (its analysis in the analysis process) does; this test checks answers, not speed.
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
 def test_the_api_answers_as_its_schema_says(case, rows, token):
     # Integer ids (in the path, a filter or a body) address the fixtures' rows, so operations run on real data;
     # the rest (negative examples: strings, floats) and the resources without a row here stay mostly 404s and 400s.

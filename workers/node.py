@@ -33,6 +33,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from . import protocol, signing
 from .engine.envcheck.probe import probe_devices, probe_host
 from .engine.serving.engines import configured_engines, parse_engines
+from .engine.stages import STAGES
 from .engine.stages import run_stage as run_engine_stage
 from .delivered import Delivered
 from .engine.workdirs import remove_stale
@@ -168,30 +169,23 @@ def run_stage(self, stage_run_id: int, kind: str, params: dict) -> None:
         logger.warning("stage run %s (task %s) was delivered again after this node started it; not run twice",
                        stage_run_id, self.request.id)
         return
-    # "started" is sent once the stage has run for PROGRESS_MIN_INTERVAL: a stage that ends sooner (a probe) is
-    # told by its "finished" alone, which carries how long it ran, so the control plane takes one report, not two.
-    # Progress waits for "started", so that the job's log still says where a longer stage runs.
-    said_started = threading.Event()
-
-    def started() -> None:
+    # An instant stage (a probe) is told by its "finished" report alone, which carries how long it ran: the control
+    # plane takes one report, not two. (Deferring "started" for every stage, by a timer thread or to the first
+    # progress, left a pool process behind a cold shutdown, or a long stage "queued" until its first progress.)
+    clock = time.monotonic()
+    if not (kind in STAGES and STAGES[kind].instant):
         report(protocol.STAGE_STARTED, stage_run_id)
-        said_started.set()
-
-    started_report = threading.Timer(PROGRESS_MIN_INTERVAL, started)
-    started_report.daemon = True
-    last_sent = clock = time.monotonic()
-    started_report.start()
+    # "started" says the stage runs; a progress report within the next interval adds nothing a person could see.
+    last_sent = clock
 
     def progress(fraction: float, message: str) -> None:
         nonlocal last_sent
         now = time.monotonic()
-        if said_started.is_set() and now - last_sent >= PROGRESS_MIN_INTERVAL:
+        if now - last_sent >= PROGRESS_MIN_INTERVAL:
             last_sent = now
             report_progress(stage_run_id, float(fraction), str(message))
 
     def finished(*outcome) -> None:
-        started_report.cancel()
-        started_report.join()  # a "started" being sent goes first
         report(protocol.STAGE_FINISHED, stage_run_id, *outcome, ran_for=round(time.monotonic() - clock, 6))
 
     try:

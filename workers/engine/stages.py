@@ -32,10 +32,13 @@ class StageSpec:
     # of nodes forming one torch.distributed world (one stage run per node, told its node_rank and rendezvous).
     placement: str = "every"
     parameters: tuple[Parameter, ...] = ()
+    # A stage that ends in milliseconds (a probe of the host): the node sends no "started" report for it, its
+    # "finished" one says how long it ran, so the control plane takes one report instead of two.
+    instant: bool = False
 
 
 STAGES: dict[str, StageSpec] = {
-    "env_probe": StageSpec(envcheck.env_probe, gated=False),
+    "env_probe": StageSpec(envcheck.env_probe, gated=False, instant=True),
     "env_check": StageSpec(envcheck.env_check, gated=False, parameters=envcheck_report.PARAMETERS),
     "op_coverage": StageSpec(coverage.op_coverage, gated=True, needs_model=True,
                              parameters=coverage.PARAMETERS),

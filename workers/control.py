@@ -55,7 +55,7 @@ def node_leaving(*message) -> None:
         jobs.node_left(sender.node)
 
 
-def _report(task: str, message, apply, arity: int, **options) -> None:
+def _report(task: str, message, apply, arity: int, *, with_duration: bool = False) -> None:
     sender = trust.accept(task, message)
     if sender is None:
         return
@@ -63,9 +63,8 @@ def _report(task: str, message, apply, arity: int, **options) -> None:
         trust.record_rejection(task, f"takes {arity} arguments, not {len(sender.args)}", sender.node.cluster,
                                f"from {sender.node.hostname}")
         return
-    if options.pop("with_duration", False):
-        options["ran_for"] = sender.ran_for
-    apply(*sender.args, sender=sender.node, **options)
+    duration = {"ran_for": sender.ran_for} if with_duration else {}  # the signed seconds a finished stage ran
+    apply(*sender.args, sender=sender.node, **duration)
 
 
 @shared_task(name=protocol.STAGE_STARTED)

@@ -121,7 +121,7 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
     def get_serializer_class(self):
         if self.action in ("retrieve", "cancel", "retry"):
             return JobDetailSerializer
-        if self.action == "list" and getattr(self, "request", None) is not None:  # not the schema's
+        if self.action == "list":
             return JobRowSerializer
         return JobSerializer
 

@@ -139,3 +139,19 @@ def test_a_form_with_too_many_fields_is_a_json_400(owner_api, settings):
     body = urlencode([("stages", "env_probe")] * (settings.DATA_UPLOAD_MAX_NUMBER_FIELDS + 1))
     response = owner_api.generic("POST", "/api/jobs/", body, content_type="application/x-www-form-urlencoded")
     assert response.status_code == 400 and "DATA_UPLOAD_MAX_NUMBER_FIELDS" in response.json()["detail"]
+
+
+def test_a_multipart_body_without_a_named_field_is_a_400(owner_api, cluster):
+    # Found by the run above: a JSON array sent as multipart parses to an empty form, and the PATCH "succeeded".
+    endpoint = ServingEndpoint.objects.create(team=cluster.team, name="vllm-a", base_url="http://127.0.0.1:8000",
+                                              served_model="qwen")
+    url = f"/api/serving-endpoints/{endpoint.pk}/"
+    content_type = "multipart/form-data; boundary=b0"
+    response = owner_api.generic("PATCH", url, b"--b0\r\n[]--b0--\r\n", content_type=content_type)
+    assert response.status_code == 400 and "named form field" in response.json()["detail"]
+    # An empty form (the closing line alone) is still an empty PATCH, and a named field still updates.
+    assert owner_api.generic("PATCH", url, b"--b0--\r\n", content_type=content_type).status_code == 200
+    named = b'--b0\r\nContent-Disposition: form-data; name="name"\r\n\r\nvllm-b\r\n--b0--\r\n'
+    assert owner_api.generic("PATCH", url, named, content_type=content_type).status_code == 200
+    endpoint.refresh_from_db()
+    assert endpoint.name == "vllm-b"

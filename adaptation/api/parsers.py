@@ -7,6 +7,7 @@ import math
 
 from rest_framework import parsers
 from django.http import QueryDict
+from django.utils.http import parse_header_parameters
 from rest_framework.exceptions import ParseError
 
 
@@ -26,6 +27,16 @@ def _refuse_unstorable(value) -> None:
             pending.extend(current.values())
         elif isinstance(current, list):
             pending.extend(current)
+
+
+def _holds_more_than_the_closing_line(parser_context) -> bool:
+    meta = parser_context["request"].META
+    boundary = parse_header_parameters(meta.get("CONTENT_TYPE", ""))[1].get("boundary", "")
+    try:
+        length = int(meta.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return False
+    return length > len(f"--{boundary}--\r\n")
 
 
 class JSONParser(parsers.JSONParser):
@@ -48,6 +59,10 @@ class FormParser(parsers.FormParser):
 class MultiPartParser(parsers.MultiPartParser):
     def parse(self, stream, media_type=None, parser_context=None):
         parsed = super().parse(stream, media_type, parser_context)
+        if not parsed.data and not parsed.files and _holds_more_than_the_closing_line(parser_context):
+            # Django skips a part without a named Content-Disposition; a body of only such parts (a JSON array sent
+            # as multipart) would otherwise be accepted as an empty form and "update" nothing with a 200.
+            raise ParseError("Multipart form parse error - no part of the body is a named form field.")
         _refuse_unstorable(parsed.data)
         _refuse_unstorable([upload.name for upload in parsed.files.values()])
         return parsed

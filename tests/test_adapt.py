@@ -15,7 +15,9 @@ pytestmark = [pytest.mark.workers, pytest.mark.django_db(transaction=True)]
 
 # Qwen3-MoE, and the trillion-scale DeepSeek family this exists for: Kimi-K2 (a model_type transformers does not
 # know, resolved as DeepSeek-V3) and DeepSeek-V3 (MLA, which transformers' paged cache cannot serve).
-@pytest.mark.parametrize("slug", ["qwen3-30b-a3b", "kimi-k2-instruct", "deepseek-v3"])
+# Kimi-K2 is DeepSeek-V3's architecture under a model_type transformers does not know (d0 resolves it): one run
+# covers both the family and the resolution; DeepSeek-V3 itself is served by vLLM in test_serving_vllm.py.
+@pytest.mark.parametrize("slug", ["qwen3-30b-a3b", "kimi-k2-instruct"])
 def test_one_adapt_submission_runs_every_stage_and_produces_the_report(stack, team, owner, member, member_api, slug):
     cluster = team.clusters.create(name="local", expected_devices_per_node=1)
     stack.start_node("alpha/local", "adapt-node")

@@ -82,6 +82,22 @@ def test_every_shipped_config_reduces_to_the_same_module_classes(name):
     assert reduction.layers <= 8 < reduction.full_layers
 
 
+def test_jambas_layer_periods_are_shortened_to_one_layer_per_kind():
+    # Attention every 8th layer from the 4th and experts every 2nd from the 1st: 3 kinds, first all seen at layer 5.
+    # Shorter periods show the same 3 kinds (Mamba + dense, Mamba + experts, attention + dense) in 3 layers, and
+    # no fourth (attention + experts, which the release never has); each Mamba layer less is seconds of compile check.
+    config = json.loads((CONFIGS / "jamba-v0.1.json").read_text())
+    full = build_meta_model(load_config(config))
+    reduction = reduce_config(config, full_model=full)
+    assert reduction.layers == 3 and any("layer periods shortened" in note for note in reduction.notes)
+    reduced = reduction.config
+    attention = [index % reduced["attn_layer_period"] == reduced["attn_layer_offset"] for index in range(3)]
+    experts = [index % reduced["expert_layer_period"] == reduced["expert_layer_offset"] for index in range(3)]
+    assert sorted(zip(attention, experts, strict=True)) == [(False, False), (False, True), (True, False)]
+    signatures = {signature for _, signature in layer_kinds(full)}
+    assert {signature for _, signature in layer_kinds(build_meta_model(load_config(reduced)))} == signatures
+
+
 def test_the_reduced_deepseek_v3_keeps_mla_head_dims_and_group_limited_routing(reports):
     reduced = reports["deepseek-v3"]["reduced_config"]
     config = load_config(reduced)

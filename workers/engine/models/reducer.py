@@ -20,6 +20,7 @@ module classes as the full model built on the meta device.
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import re
 from dataclasses import dataclass, field
@@ -279,6 +280,46 @@ def _mtp_note(config: dict, full_model) -> str | None:
     return None
 
 
+PERIOD_KEY_ENDINGS = ("_layer_period", "_layer_offset")
+
+
+def _period_pairs(config: dict) -> list[tuple[str, str]]:
+    """(period key, offset key) pairs of a config whose layer kinds repeat by period (Jamba's attn_layer_* and
+    expert_layer_*: layer i has the feature when i % period == offset)."""
+    pairs = []
+    for key, value in config.items():
+        if key.endswith("_layer_period") and isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            offset_key = key[:-len("period")] + "offset"
+            if isinstance(config.get(offset_key), int) and not isinstance(config[offset_key], bool):
+                pairs.append((key, offset_key))
+    return pairs
+
+
+def _with_short_periods(config: dict, layers: int) -> tuple[dict, int] | None:
+    """``config`` with the shortest periods and offsets whose first layers show every combination of features
+    the full ``layers`` show (and no other), with that many layers; None when the periods are already that short."""
+    pairs = _period_pairs(config)
+
+    def seen(settings, depth):
+        return {tuple(index % period == offset for period, offset in settings) for index in range(depth)}
+
+    def depth_needed(settings, upto):  # layers until every wanted combination has appeared
+        return next(depth for depth in range(1, upto + 1) if seen(settings, depth) == wanted)
+
+    given = [(config[period], config[offset]) for period, offset in pairs]
+    wanted = seen(given, layers)
+    now = depth_needed(given, layers)
+    choices = [(period, offset) for period in range(1, 5) for offset in range(period)]
+    for depth in range(len(wanted), now):
+        for settings in itertools.product(choices, repeat=len(pairs)):
+            if seen(settings, depth) == wanted:
+                shortened = dict(config)
+                for (period_key, offset_key), (period, offset) in zip(pairs, settings, strict=True):
+                    shortened[period_key], shortened[offset_key] = period, offset
+                return shortened, depth
+    return None
+
+
 def reduce_config(config: dict, full_model=None, *, keep_latent_ranks: bool = False) -> Reduction:
     """The tiny config that keeps every layer kind, divisibility rule and architecture invariant of ``config``.
 
@@ -312,14 +353,28 @@ def reduce_config(config: dict, full_model=None, *, keep_latent_ranks: bool = Fa
     if note := _mtp_note(config, full_model):
         notes.append(note)
 
-    # Tiny widths at full depth show where each layer kind first appears once the dense prefix is shortened.
-    tiny_full_depth = build_meta_model(load_config(reduced))
-    layers = max(index for index, _ in layer_kinds(tiny_full_depth)) + 1
-    _cut_layers(reduced, full, layers, full_layers)
-
-    reduced_config = causal_lm_config(load_config(reduced))
-    reduced_kinds = layer_kinds(build_meta_model(reduced_config))
-    if {signature for _, signature in reduced_kinds} != {signature for _, signature in full_kinds}:
+    full_signatures = {signature for _, signature in full_kinds}
+    # Layer kinds set by periods (Jamba: attention every 8th layer from the 4th, experts every 2nd from the 1st)
+    # first appear late (5 layers for 3 kinds); the same kinds with the shortest periods take fewer layers, and each
+    # Mamba layer less is a large part of a compile check. Kept only if the model still has every kind.
+    shortened = _with_short_periods(reduced, full_layers) if _period_pairs(reduced) else None
+    for candidate, depth in ([shortened] if shortened else []) + [(reduced, None)]:
+        if depth is None:
+            # Tiny widths at full depth show where each layer kind first appears once the dense prefix is shortened.
+            tiny_full_depth = build_meta_model(load_config(candidate))
+            depth = max(index for index, _ in layer_kinds(tiny_full_depth)) + 1
+        cut = copy.deepcopy(candidate)
+        _cut_layers(cut, full, depth, full_layers)
+        reduced_config = causal_lm_config(load_config(cut))
+        reduced_kinds = layer_kinds(build_meta_model(reduced_config))
+        if {signature for _, signature in reduced_kinds} == full_signatures:
+            if candidate is not reduced:
+                notes.append("layer periods shortened: " + ", ".join(
+                    f"{key} {reduced[key]} -> {candidate[key]}" for key in sorted(candidate)
+                    if key.endswith(PERIOD_KEY_ENDINGS) and candidate[key] != reduced[key]))
+            reduced, layers = cut, depth
+            break
+    else:
         raise ValueError(f"the reduced {config.get('model_type')} lost a layer kind: "
                          f"{len(reduced_kinds)} kinds instead of {len(full_kinds)}")
     checked, broken = _invariants(full, reduced_config)

@@ -164,6 +164,25 @@ def test_the_halving_promotes_a_configuration_within_noise_of_the_last_one_kept(
     assert outcome["rungs"][1]["configurations"] == 4
 
 
+def test_the_halving_does_not_rerun_a_configuration_on_a_workload_no_longer_than_its_last():
+    # 36 requests over 32 configurations: rungs 0-2 would serve 1, 2 and 4 requests, but a short run is at least
+    # one full batch, so a batch of 4 or 8 serves the same 4 or 8 requests in each; its first run stands for them.
+    objective = Objective(seed=3)
+    outcome = successive_halving(configurations(GRID), WORKLOAD, objective, lambda fraction, message: None,
+                                 clock=objective.clock)
+    served = {}
+    for params, requests, _ in objective.calls:
+        served.setdefault(params, []).append(requests)
+    for params, requests in served.items():
+        shorter = [count for count in requests if count < WORKLOAD.requests]
+        assert shorter == sorted(set(shorter)), (params, requests)  # each short size once, growing
+    assert len(objective.calls) == len(outcome["trials"])
+    assert [rung["ran"] for rung in outcome["rungs"][:3]] == [32, outcome["rungs"][0]["kept"],
+                                                              outcome["rungs"][1]["kept"]]
+    best = best_trial(outcome["trials"], WORKLOAD)
+    assert true_throughput(TrialParams(**best["params"])) >= 0.95 * TRUE_BEST
+
+
 def test_the_pick_is_the_highest_median_not_the_single_luckiest_run():
     def trial(batch_size: int, value: float) -> dict:
         return {"params": TrialParams("fp32", batch_size, 16, 256).as_dict(), "workload": {"requests": 36},

@@ -264,13 +264,23 @@ def successive_halving(configs: list, workload: Workload, run_trial: RunTrial, p
     plan = halving_plan(len(configs), eta, finalists, confirm_runs)
     log = _Log(sum(count for _, count in plan), progress, workload, clock)
     survivors, out_of_memory, rungs, ranked = list(configs), [], [], []
+    # A configuration's last run by the number of requests it served: where a rung's short workload is no longer
+    # than the last rung's (a short run is at least one full batch, so the first rungs of a small workload all
+    # serve one batch), running it again would cost as much and say the same; its run stands for this rung too.
+    last_run: dict[int, dict] = {}
     for rung in range(last_rung + 1):
         fraction = eta ** (rung - last_rung)
         ran = []
         for config in survivors:
             if log.blocked(config, out_of_memory, rung, space):
                 continue
-            trial = log.run(run_trial, config, _short(workload, fraction, space.batch_size(config)), rung, space)
+            short = _short(workload, fraction, space.batch_size(config))
+            earlier = last_run.get(id(config))
+            if earlier is not None and (earlier.get("workload") or {}).get("requests", 0) >= short.requests:
+                ran.append((earlier, config))
+                continue
+            trial = log.run(run_trial, config, short, rung, space)
+            last_run[id(config)] = trial
             ran.append((trial, config))
             if space.out_of_memory(trial):
                 out_of_memory.append(trial)

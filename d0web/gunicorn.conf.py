@@ -2,10 +2,14 @@
 docker-compose.yml run it so). Chosen with benchmarks/web_load.py (README, "The web tier"); options given on the
 command line or in GUNICORN_CMD_ARGS (e.g. `--workers 8` on a bigger host) override these."""
 
-# Threads: a request mostly waits on PostgreSQL, and the live pages poll their progress JSON, so a few threads per
-# process serve many clients at the memory of one process.
-worker_class = "gthread"
-workers = 2
-threads = 4
+# Sync workers: every request is short (the live pages poll their progress JSON; nothing streams), and on a quiet
+# 2-core machine with 20 clients sync processes kept every endpoint's p95 at 90-130 ms where gthread (2 x 4 or
+# 4 x 4) let single requests wait 200-260 ms behind the other threads of their process (docs/benchmarks/web-load.md,
+# stop 22). Four, so that two slow requests (a config upload waiting on its analysis) still leave two serving.
+worker_class = "sync"
+workers = 4
+# A request may wait on a config's analysis for D0_ANALYSIS_TIMEOUT_S (60 s by default); a sync worker that takes
+# longer than `timeout` to answer is killed, so the limit stays above that deadline.
+timeout = 90
 # The app is imported once, before the workers fork, so they share its pages instead of each holding a copy.
 preload_app = True

@@ -178,6 +178,23 @@ def test_a_hung_rank_ends_the_run_at_the_deadline_naming_it_and_leaves_no_proces
     assert rank_processes_left() == []
 
 
+def test_a_rank_that_raised_and_then_aborted_is_described_by_its_exception(tmp_path):
+    # Seen 1 run in 8: a rank raised, then died by SIGABRT in gloo's threads at exit, and its last line was
+    # "terminate called without an active exception", which said nothing of why it failed.
+    from workers.engine.sharding.launcher import RankProcess, _describe
+
+    log = tmp_path / "rank1.log"
+    script = ("import os, sys; print('[rank1]: Traceback (most recent call last):'); "
+              "print('[rank1]: ValueError: fault corrupt_shard: no shard to mis-split'); "
+              "print('terminate called without an active exception'); sys.stdout.flush(); os.abort()")
+    with open(log, "w") as output:
+        process = subprocess.Popen([sys.executable, "-c", script], stdout=output, stderr=subprocess.STDOUT)
+        process.wait()
+    described = _describe([RankProcess(rank=1, local_rank=1, process=process, log_path=log)])
+    assert described == ("rank 1 killed by SIGABRT, after raising: "
+                         "'[rank1]: ValueError: fault corrupt_shard: no shard to mis-split'")
+
+
 def test_a_killed_rank_ends_the_run_at_once_with_a_clear_error_and_leaves_no_processes():
     started = time.monotonic()
     with pytest.raises(ShardedRunError, match="rank 1 killed by SIGKILL") as raised:

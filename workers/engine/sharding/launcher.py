@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -66,12 +67,23 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# The line a Python traceback ends with (torch.distributed prefixes each of a rank's lines with "[rankN]: ").
+EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt): ")
+
+
 def _describe(ranks: list[RankProcess]) -> str:
+    """Each failed rank's state and why: the exception its traceback ended with, when it printed one (a rank that
+    raised can still die by SIGABRT afterwards, in gloo's threads at exit, and print that last), else its last line."""
     parts = []
     for rank in ranks:
-        tail = rank.tail(1)
-        parts.append(f"rank {rank.rank} {rank.state()}, last output: {tail[0]!r}" if tail
-                     else f"rank {rank.rank} {rank.state()} without output")
+        tail = rank.tail(40)
+        raised = [line for line in tail if EXCEPTION_LINE.match(line)]
+        if raised:
+            parts.append(f"rank {rank.rank} {rank.state()}, after raising: {raised[-1]!r}")
+        elif tail:
+            parts.append(f"rank {rank.rank} {rank.state()}, last output: {tail[-1]!r}")
+        else:
+            parts.append(f"rank {rank.rank} {rank.state()} without output")
     return "; ".join(parts)
 
 

@@ -1,9 +1,9 @@
 """The real engine: vLLM's CPU build (``.venv-vllm``, made by ``scripts/vllm-env.sh``; ``scripts/test.sh`` makes it
 and sets D0_TEST_VLLM_PYTHON) serving validation checkpoints, through real Celery workers where a job is involved.
 
-Each engine start costs 40-100 s on a 2-core machine (of which vLLM's torch.compile warm-up is ~40%), so the tests
-start as few as prove the point, with ``enforce_eager`` (vLLM's torch.compile warm-up was ~40% of a start): the CI's
-time goes to d0's behaviour, not to compiling the same tiny model again. (The compiled path is what a GPU node
+Each engine start costs 40-100 s on a 2-core machine, so the tests start as few as prove the point, with
+``enforce_eager`` (vLLM's torch.compile warm-up was ~40% of a start): the CI's time goes to d0's behaviour, not to
+compiling the same tiny model again. (The compiled path is what a GPU node
 runs by default; scripts/gpu-validation.sh serves with it.)"""
 
 import os

@@ -297,7 +297,8 @@ def _period_pairs(config: dict) -> list[tuple[str, str]]:
 
 def _with_short_periods(config: dict, layers: int) -> tuple[dict, int] | None:
     """``config`` with the shortest periods and offsets whose first layers show every combination of features
-    the full ``layers`` show (and no other), with that many layers; None when the periods are already that short."""
+    the full ``layers`` show (and no other), with that many layers; None when the periods are already that short
+    (or the config has none)."""
     pairs = _period_pairs(config)
 
     def seen(settings, depth):
@@ -357,7 +358,7 @@ def reduce_config(config: dict, full_model=None, *, keep_latent_ranks: bool = Fa
     # Layer kinds set by periods (Jamba: attention every 8th layer from the 4th, experts every 2nd from the 1st)
     # first appear late (5 layers for 3 kinds); the same kinds with the shortest periods take fewer layers, and each
     # Mamba layer less is a large part of a compile check. Kept only if the model still has every kind.
-    shortened = _with_short_periods(reduced, full_layers) if _period_pairs(reduced) else None
+    shortened = _with_short_periods(reduced, full_layers)
     for candidate, depth in ([shortened] if shortened else []) + [(reduced, None)]:
         if depth is None:
             # Tiny widths at full depth show where each layer kind first appears once the dense prefix is shortened.

@@ -54,6 +54,33 @@ def test_the_analyze_verb_imports_nothing_that_building_the_model_does_not():
                                                            "workers.engine.sweep", "workers.engine.serving"))}
 
 
+# What the first import of transformers through d0's engine leaves in transformers' folder-scan cache.
+SCANS = """
+import workers.engine, transformers.models.llama.modeling_llama
+from transformers.utils import import_utils
+info = import_utils.create_import_structure_from_path.cache_info()
+print(json.dumps({"misses": info.misses, "hits": info.hits}))
+"""
+
+
+def test_transformers_scans_each_folder_of_its_models_once_in_an_engine_process():
+    """transformers' own lru_cache (128 entries) lets ``import transformers.models`` scan its ~560 folders a second
+    time after ``import transformers`` did (~0.4 s); workers/engine/transformers_index.py keeps every scan."""
+    from pathlib import Path
+
+    import transformers
+
+    folders = sum(1 for _ in (Path(transformers.__file__).parent / "models").rglob("*")
+                  if _.is_dir() and _.name != "__pycache__")
+    result = subprocess.run([sys.executable, "-c", LOADED_AFTER.format(code=SCANS)], capture_output=True, text=True,
+                            timeout=240)
+    assert result.returncode == 0, result.stderr
+    scans = json.loads(result.stdout.splitlines()[-2])
+    # Each folder once (give or take the few the import system names twice); scanned twice it would be ~2x.
+    assert scans["misses"] <= folders * 1.05, (scans, folders)
+    assert scans["hits"] >= folders * 0.95, (scans, folders)
+
+
 class Output(NamedTuple):
     logits: torch.Tensor
 

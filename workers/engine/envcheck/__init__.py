@@ -8,7 +8,18 @@ FLOP/s), ``collectives`` + ``busbw`` (torch.distributed bus bandwidth), ``peaks`
 ``checks`` (pass/warn/fail). Importing it does not import torch.
 """
 
-from .probe import env_probe
-from .report import env_check
-
 __all__ = ["env_check", "env_probe"]
+
+
+def __getattr__(name: str):
+    # Resolved on first use: the analyze verb reads published device figures (``peaks``) and must not pay for the
+    # probe's and the report's imports (psutil, the checks, the software survey) on its way there.
+    if name == "env_probe":
+        from .probe import env_probe
+
+        return env_probe
+    if name == "env_check":
+        from .report import env_check
+
+        return env_check
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,10 +25,13 @@ SCANNER = "create_import_structure_from_path"
 
 
 class _IndexOnce(importlib.abc.MetaPathFinder):
+    def __init__(self):
+        self.used = False
+
     def find_spec(self, name, path, target=None):
-        if name != MODULE:
+        if name != MODULE or self.used:
             return None
-        sys.meta_path.remove(self)  # one module, once: from here the import system goes on without this finder
+        self.used = True  # one module, once (left on sys.meta_path, inert: removing it mid-lookup would skip a finder)
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return None
@@ -39,6 +42,8 @@ class _IndexOnce(importlib.abc.MetaPathFinder):
             scanner = getattr(module, SCANNER, None)
             if callable(getattr(scanner, "__wrapped__", None)) and hasattr(scanner, "cache_info"):
                 setattr(module, SCANNER, functools.cache(scanner.__wrapped__))
+            if self in sys.meta_path:  # the lookup is over by now
+                sys.meta_path.remove(self)
 
         spec.loader.exec_module = exec_module
         return spec

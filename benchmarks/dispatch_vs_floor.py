@@ -11,7 +11,11 @@ job row for d0, a Redis key for the floor. Then:
 - a burst: ``--burst`` jobs submitted at once against as many floor chains: jobs/s to a terminal state, how many
   never got there, how many stage runs have no ``started``.
 
-    python benchmarks/dispatch_vs_floor.py [--rounds 20] [--burst 200]
+With ``--trace``, the stack's processes also time every Celery task event (benchmarks/celery_trace/) and the d0
+rounds are broken down step by step: the median time from each event to the next, from submit to the client seeing
+"succeeded" (where the milliseconds go that the ratio counts).
+
+    python benchmarks/dispatch_vs_floor.py [--rounds 20] [--burst 200] [--trace]
 
 Needs PostgreSQL and Redis (scripts/ensure-services.sh); it makes and drops a database of its own.
 """
@@ -78,8 +82,8 @@ def setup_team():
     return team, user, Cluster.objects.create(team=team, name="local", expected_devices_per_node=1)
 
 
-def d0_round(team, user, cluster) -> float:
-    started = time.perf_counter()
+def d0_round(team, user, cluster, windows: list | None = None) -> float:
+    started, wall = time.perf_counter(), time.time()
     job = jobs.submit_job(team=team, user=user, cluster=cluster, stages=["env_probe"])
     deadline = time.monotonic() + 60
     # A plain cursor, not the ORM: the client's polling must not take the CPU the workers measured here need.
@@ -91,10 +95,30 @@ def d0_round(team, user, cluster) -> float:
                 break
             time.sleep(POLL)
     elapsed = time.perf_counter() - started
+    if windows is not None:
+        windows.append((wall, wall + elapsed))
     if status != "succeeded":
         job = AdaptationJob.objects.get(pk=job.pk)
         raise RuntimeError(f"job {job.pk} {status}: {job.error}\n{job.log}")
     return elapsed
+
+
+def traced_steps(trace_dir: Path, windows: list[tuple[float, float]]) -> list[tuple[str, float]]:
+    """The median milliseconds from each d0 task event to the next within the rounds' windows (submit to the
+    client's last poll), in the order they happen; the job's own events only (no heartbeat or sweep)."""
+    job_tasks = {protocol.DISPATCH_JOB, protocol.RUN_STAGE, protocol.STAGE_STARTED, protocol.STAGE_PROGRESS,
+                 protocol.STAGE_FINISHED}
+    events = sorted((float(when), f"{event} {name.rpartition('.')[2]}")
+                    for path in trace_dir.glob("*.log") for when, event, name in
+                    (line.split() for line in path.read_text().splitlines()) if name in job_tasks)
+    steps: dict[str, list[float]] = {}
+    for begin, end in windows:
+        previous = begin
+        inside = [(when, what) for when, what in events if begin <= when <= end] + [(end, "client sees it")]
+        for when, what in inside:
+            steps.setdefault(what, []).append((when - previous) * 1e3)
+            previous = when
+    return [(what, statistics.median(gaps)) for what, gaps in steps.items()]
 
 
 def floor_round(app, results: redis.Redis, queue: str) -> float:
@@ -180,6 +204,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--burst", type=int, default=200, help="jobs in the burst (0: none)")
+    parser.add_argument("--trace", action="store_true", help="break the d0 rounds down by Celery task event")
     args = parser.parse_args()
     # A timeout's SIGTERM must still stop the workers this run started (they live in sessions of their own).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
@@ -189,6 +214,11 @@ def main() -> None:
     results = redis.Redis.from_url(BROKER)
     results.flushdb()
     logs = Path(tempfile.mkdtemp(prefix="d0-bench-dispatch-"))
+    trace_dir, windows = (logs / "trace", []) if args.trace else (None, None)
+    if trace_dir:
+        trace_dir.mkdir()
+        os.environ.update(D0_TRACE_DIR=str(trace_dir), PYTHONPATH=os.pathsep.join(
+            [str(ROOT / "benchmarks" / "celery_trace"), str(ROOT), os.environ.get("PYTHONPATH", "")]))
     stack = WorkerStack(logs, os.environ["DATABASE_URL"], BROKER)
     os.environ["D0_CONTROL_QUEUE"] = stack.control_queue  # this process submits: to the stack's control queue
     floor_control, floor_node = f"{PREFIX}.floor.control", f"{PREFIX}.floor.node"
@@ -209,7 +239,7 @@ def main() -> None:
             floor_round(floor_chain.app, results, floor_control)
         d0, floor = [], []
         for index in range(args.rounds):
-            order = [("d0", lambda: d0.append(d0_round(team, user, cluster))),
+            order = [("d0", lambda: d0.append(d0_round(team, user, cluster, windows))),
                      ("floor", lambda: floor.append(floor_round(floor_chain.app, results, floor_control)))]
             for _, measure in (order if index % 2 == 0 else order[::-1]):
                 measure()
@@ -221,6 +251,11 @@ def main() -> None:
             p90 = ordered[int(0.9 * (len(ordered) - 1))]
             print(f"{name:<8}{statistics.median(ordered) * 1e3:>8.1f}{p90 * 1e3:>8.1f}{ordered[0] * 1e3:>8.1f}")
         print(f"median ratio d0 / floor (per round): {statistics.median(ratios):.2f}x (goal <= 2.0x)")
+        if trace_dir:
+            print("d0 step by step (median ms from the previous event; received: the worker's main process, "
+                  "start/end: its pool process):")
+            for what, gap in traced_steps(trace_dir, windows):
+                print(f"  {gap:6.2f}  {what}")
         # A probe sends no started or progress report (a node sends neither in a stage's first half-second; its
         # finished report says how long it ran): their cost is printed apart, for longer stages.
         job = {name: statements for name, statements in counts.items() if name not in ("started", "progress")}

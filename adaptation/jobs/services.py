@@ -72,9 +72,11 @@ def job_rows(user):
 # --- submit, cancel, retry ------------------------------------------------------------------------------
 
 
-@transaction.atomic
 def submit_job(*, team, user, cluster, stages, model=None, parameters=None, retry_of=None,
                notes=()) -> AdaptationJob:
+    """A new job row and its dispatch message, sent once the row is committed. One INSERT and nothing else, so no
+    transaction of its own (BEGIN and COMMIT were two of its three round trips to PostgreSQL): in autocommit the
+    message goes as soon as the INSERT commits, inside a caller's transaction when that one commits."""
     job = AdaptationJob(
         team=team,
         cluster=cluster,

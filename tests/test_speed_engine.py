@@ -70,8 +70,8 @@ def test_transformers_scans_each_folder_of_its_models_once_in_an_engine_process(
 
     import transformers
 
-    folders = sum(1 for _ in (Path(transformers.__file__).parent / "models").rglob("*")
-                  if _.is_dir() and _.name != "__pycache__")
+    folders = sum(1 for path in (Path(transformers.__file__).parent / "models").rglob("*")
+                  if path.is_dir() and path.name != "__pycache__")
     result = subprocess.run([sys.executable, "-c", LOADED_AFTER.format(code=SCANS)], capture_output=True, text=True,
                             timeout=240)
     assert result.returncode == 0, result.stderr

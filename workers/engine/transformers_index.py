@@ -10,7 +10,7 @@ CPU in every d0 process that reads a model (a cold ``analyze`` of Kimi-K2 is ~3.
 (before ``transformers/__init__`` scans anything), gives the scanning function an unbounded cache. The function
 recurses through its module-level name, so the replacement serves both scans; its results are the same objects
 the first scan made. Nothing changes when the function is not there or not an ``lru_cache`` (another transformers
-version): the finder steps aside. tests/test_engine_imports.py checks that each folder is scanned once.
+version): the finder steps aside. tests/test_speed_engine.py checks that each folder is scanned once.
 """
 
 from __future__ import annotations

@@ -8,18 +8,16 @@ FLOP/s), ``collectives`` + ``busbw`` (torch.distributed bus bandwidth), ``peaks`
 ``checks`` (pass/warn/fail). Importing it does not import torch.
 """
 
+import importlib
+
 __all__ = ["env_check", "env_probe"]
+
+# Resolved on first use: the analyze verb reads published device figures (``peaks``) and must not pay for the
+# probe's and the report's imports (psutil, the checks, the software survey) on its way there.
+_LAZY = {"env_probe": ".probe", "env_check": ".report"}
 
 
 def __getattr__(name: str):
-    # Resolved on first use: the analyze verb reads published device figures (``peaks``) and must not pay for the
-    # probe's and the report's imports (psutil, the checks, the software survey) on its way there.
-    if name == "env_probe":
-        from .probe import env_probe
-
-        return env_probe
-    if name == "env_check":
-        from .report import env_check
-
-        return env_check
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

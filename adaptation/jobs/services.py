@@ -27,6 +27,7 @@ from workers import protocol
 from workers.engine.sharding.layout import Layout
 from workers.engine.stages import STAGES
 
+from .. import sql
 from ..choices import ACTIVE_STATUSES, JobStatus, NodeStatus
 from ..clusters import services as clusters
 from ..clusters import trust
@@ -36,6 +37,7 @@ from ..models.jobs import log_lines, stamped
 from ..sharding import services as sharding
 from ..serving import services as serving
 from ..sweeps import services as sweeps
+from . import statements
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +157,7 @@ def fail_stage_run(run: StageRun, error: str) -> bool:
     """A stage run that will send no result (its node went offline or restarted, its report was lost) fails, and
     its job with it. The job's row is locked before the run's, as on every path that changes both (a report, a
     cancel), so two of them never deadlock."""
-    job = _locked_job(run.job_id)
+    job = statements.locked_job(run.job_id).one()
     if not run.fail(error):
         return False
     if job is not None:
@@ -166,57 +168,58 @@ def fail_stage_run(run: StageRun, error: str) -> bool:
 # --- dispatch -------------------------------------------------------------------------------------------
 
 
-def eligible_nodes(job: AdaptationJob) -> list[Node]:
-    nodes = Node.objects.filter(cluster=job.cluster, status=NodeStatus.ONLINE).order_by("hostname")
+def eligible_nodes(job: AdaptationJob, online: list[Node] | None = None) -> list[Node]:
+    """The cluster's online nodes (``online`` if the caller read them already) the job may use."""
+    if online is None:
+        online = statements.online_nodes(cluster_id=job.cluster_id).rows()
     wanted = job.parameters.get("nodes") if isinstance(job.parameters, dict) else None
-    if wanted:
-        nodes = nodes.filter(hostname__in=wanted)
-    return list(nodes)
+    return [node for node in online if node.hostname in wanted] if wanted else online
 
 
-def _locked_job(job_id: int) -> AdaptationJob | None:
-    """The job's row, locked until the transaction ends (its cluster read in the same query, its log left out)."""
-    return (AdaptationJob.objects.select_for_update(of=("self",)).select_related("cluster")
-            .defer("log", "error_traceback").filter(pk=job_id).first())
-
-
-@transaction.atomic
 def dispatch_job(job_id: int) -> bool:
     """Control-plane entry point for a new job: start it and fan out its first stage, in one transaction (a
     worker killed half-way leaves the job queued for the redelivery or the reconciler, never started with nothing
-    dispatched). False when there was nothing to start (deleted, cancelled, or already dispatched)."""
-    job = _locked_job(job_id)
-    if job is None or job.status != JobStatus.QUEUED:
-        return False
-    _advance(job, [], ["started"])
-    return True
+    dispatched). False when there was nothing to start (deleted, cancelled, or already dispatched).
+
+    Two round trips to PostgreSQL: the job locked and its cluster's online nodes read together, then the stage
+    runs, the job's start and the COMMIT together (adaptation/sql.py)."""
+    with sql.ending_in_one_batch():
+        with sql.batch():
+            locked, online = statements.locked_job(job_id), statements.online_nodes(of_job=job_id)
+            job, nodes = locked.one(), online.rows()
+        if job is None or job.status != JobStatus.QUEUED:
+            return False
+        _advance(job, [], ["started"], online=nodes)
+        return True
 
 
-@transaction.atomic
 def advance_job(job_id: int, notes: Iterable[str] = ()) -> None:
     """Dispatch the next stage whose predecessors have all succeeded, or finish the job."""
-    job = _locked_job(job_id)
-    if job is not None and job.status == JobStatus.RUNNING:
-        _advance(job, list(job.stage_runs.only(*ADVANCE_RUN_FIELDS)), list(notes))
+    with sql.ending_in_one_batch():
+        with sql.batch():
+            locked, runs = statements.locked_job(job_id), statements.runs_of_job(job_id)
+            job, runs = locked.one(), runs.rows()
+        if job is not None and job.status == JobStatus.RUNNING:
+            _advance(job, runs, list(notes))
 
 
-# What deciding a job's next step reads of its stage runs (job_id: the related manager sets each run's job).
-ADVANCE_RUN_FIELDS = ("job_id", "kind", "status", "progress")
-
-
-def _advance(job: AdaptationJob, runs: list[StageRun], notes: list[str]) -> None:
+def _advance(job: AdaptationJob, runs: list[StageRun], notes: list[str], online: list[Node] | None = None) -> None:
     """The job's next step, with the row locked by the caller: wait for active runs, finish, fail, or queue the
-    next stage's runs. The job's own changes (status, progress, the log lines in ``notes``) go in one UPDATE."""
+    next stage's runs. The job's own changes (status, progress, the log lines in ``notes``) go in one UPDATE, sent
+    with the new runs' INSERTs and the COMMIT (``sql.batch_to_commit``: nothing after it recovers from a database
+    error). ``online``: the cluster's online nodes, if the caller read them already."""
     if any(run.status in ACTIVE_STATUSES for run in runs):
+        sql.batch_to_commit()
         _save_job(job, notes, progress=_job_progress(job, runs))
         return
     done = {run.kind for run in runs}
     pending = [kind for kind in job.stages if kind not in done]
     if not pending:
-        job.finish(log=log_lines(*notes, "succeeded"))
+        sql.batch_to_commit()
+        _save_job(job, [*notes, "succeeded"], **AdaptationJob.finished_fields())
         return
     kind = pending[0]
-    nodes = eligible_nodes(job)
+    nodes = eligible_nodes(job, online)
     if not nodes:
         fail_job(job, f"No online node in cluster '{job.cluster.name}' can run stage {kind}. Start a node worker "
                       f"(see the cluster page) or wait for a node to come back online.", notes=notes)
@@ -233,23 +236,29 @@ def _advance(job: AdaptationJob, runs: list[StageRun], notes: list[str]) -> None
     except ValueError as error:
         fail_job(job, f"Stage {kind} cannot be placed: {error}", notes=notes)
         return
+    sql.batch_to_commit()
     for node, params in assignments:
-        run = StageRun.objects.create(
-            job=job, kind=kind, node=node, node_name=node.hostname, celery_task_id=str(uuid.uuid4())
-        )
+        run = StageRun(job=job, kind=kind, node=node, node_name=node.hostname, celery_task_id=str(uuid.uuid4()))
+        inserted = statements.insert_run(run)
         runs.append(run)
         notes.append(f"stage {kind} queued on {node.hostname}")
-        _send_on_commit(protocol.RUN_STAGE, [run.pk, kind, params], node.queue_name, run.celery_task_id)
+        # The run's id is known once the batch is answered, which the COMMIT waits for.
+        transaction.on_commit(partial(_send_run, inserted, kind, params, node.queue_name, run.celery_task_id))
     _save_job(job, notes, progress=_job_progress(job, runs))
 
 
+def _send_run(inserted: sql.Pending, kind: str, params: dict, queue: str, task_id: str) -> None:
+    celery_app().send_task(protocol.RUN_STAGE, args=[inserted.one().pk, kind, params], queue=queue, task_id=task_id)
+
+
 def _save_job(job: AdaptationJob, notes: list[str], **fields) -> None:
-    """A queued job starts here; a running one takes the new progress and log lines. The row is locked."""
+    """A queued job starts here (unless ``fields`` end it); a running one takes the new progress and log lines,
+    or its end. The row is locked."""
     if job.status == JobStatus.QUEUED:
-        fields.update(status=JobStatus.RUNNING, started=timezone.now())
+        fields = {**AdaptationJob.started_fields(), **fields}
     if notes:
-        fields["log"] = log_lines(*notes)
-    AdaptationJob.objects.filter(pk=job.pk, status=job.status).update(**fields)
+        fields["log"] = sql.Appended(stamped(*notes))
+    statements.update_job(job.pk, job.status, fields)
     job.status = fields.get("status", job.status)
 
 
@@ -339,11 +348,10 @@ def _assigned_run(stage_run_id, sender: Node, task: str) -> StageRun | None:
 REPORTED_RUN_FIELDS = ("job_id", "kind", "node_id", "node_name", "status", "started", "job__stages")
 
 
-def _started_now(when=None):
-    """``started`` for a report that proves the stage ran: ``when`` (default now), unless its "started" report came
-    first (reports travel independently, so "finished" or "progress" can overtake it, and a stage that ends within
-    half a second sends none)."""
-    return Coalesce(F("started"), Value(when or timezone.now()))
+def _started_now():
+    """``started`` for a report that proves the stage ran: now, unless its "started" report came first (reports
+    travel independently, so "progress" can overtake it)."""
+    return Coalesce(F("started"), Value(timezone.now()))
 
 
 def record_stage_started(stage_run_id: int, *, sender: Node) -> None:
@@ -384,20 +392,32 @@ def record_stage_finished(stage_run_id: int, ok: bool, result, error: str, trace
                           ran_for: float | None = None) -> None:
     """The stage's end, its result stored and the job's next step, in one transaction: a control worker killed
     half-way commits none of it, and the redelivered report does all of it. ``ran_for``: the seconds the node ran
-    the stage, which date its start when no "started" report came (a stage shorter than the node's delay for it)."""
-    run = _assigned_run(stage_run_id, sender, protocol.STAGE_FINISHED)
-    if run is None:
+    the stage, which date its start when no "started" report came (a stage shorter than the node's delay for it).
+
+    Two round trips to PostgreSQL for a job's last stage: the job locked, the run ended (only if it is the sender's
+    and still active) and the job's runs read, together; then the job's end (or its next stage) with the COMMIT."""
+    if type(stage_run_id) is not int:
+        _assigned_run(stage_run_id, sender, protocol.STAGE_FINISHED)  # counted as a report on someone else's work
         return
     error, traceback = str(error or ""), str(traceback or "")
-    with transaction.atomic():
-        job = _locked_job(run.job_id)
-        started = run.started
-        began = timezone.now() - timedelta(seconds=ran_for or 0)
-        fields = {"started": _started_now(began)}
-        moved = (run.finish(result=result, message="done", **fields) if ok
-                 else run.fail(error or "stage failed", traceback, **fields))
-        if job is None or not moved:
-            return  # cancelled, or failed by the node sweep: a late report never overwrites that
+    began = timezone.now() - timedelta(seconds=ran_for or 0)
+    end = (StageRun.finished_fields(result=result, message="done") if ok
+           else StageRun.failed_fields(error or "stage failed", traceback))
+    end["started"] = sql.IfUnset(began)
+    with sql.ending_in_one_batch():
+        with sql.batch():
+            locked = statements.locked_job(of_run=stage_run_id)
+            ended = statements.end_run(stage_run_id, sender.pk, end)
+            runs = statements.runs_of_job(of_run=stage_run_id)
+            job, run, runs = locked.one(), ended.one(), runs.rows()
+        if run is None:
+            # Not the sender's run (counted), or no longer active: cancelled, or failed by the node sweep; a late
+            # report never overwrites that.
+            _assigned_run(stage_run_id, sender, protocol.STAGE_FINISHED)
+            return
+        if job is None or job.status != JobStatus.RUNNING:
+            return
+        run.job, run.result = job, result if ok else None
         if not ok:
             fail_job(job, f"Stage {run.kind} failed on {run.node_name}: {error}", traceback)
             return
@@ -411,8 +431,7 @@ def record_stage_finished(stage_run_id: int, ok: bool, result, error: str, trace
             fail_job(job, f"Stage {run.kind} on {run.node_name} finished, but its result could not be stored: "
                           f"{type(problem).__name__}: {problem}", format_exc())
             return
-        run.started = started or began  # what the Coalesce wrote, without reading the row back
-        _advance(job, list(job.stage_runs.only(*ADVANCE_RUN_FIELDS)), [
+        _advance(job, runs, [
             f"stage {run.kind} succeeded on {run.node_name} in {run.duration_seconds:.1f}s{_verdict_note(result)}"])
 
 

@@ -47,15 +47,34 @@ class StatusTransitions(models.Model):
             return None
         return ((self.finished or timezone.now()) - self.started).total_seconds()
 
-    def _transition(self, from_statuses, to_status, **fields) -> bool:
-        """Move to ``to_status`` only if the row is still in one of ``from_statuses``; True if it moved.
+    # What each transition writes, as column values: the model methods below apply them through the ORM, and the
+    # control plane's hot path (adaptation/jobs/statements.py) applies the same ones in its SQL.
+    @staticmethod
+    def started_fields(**fields) -> dict:
+        return {"status": JobStatus.RUNNING, "started": timezone.now(), **fields}
+
+    @staticmethod
+    def finished_fields(**fields) -> dict:
+        return {"status": JobStatus.SUCCEEDED, "finished": timezone.now(), "progress": 1.0, **fields}
+
+    @staticmethod
+    def failed_fields(error: str, traceback: str = "", **fields) -> dict:
+        return {"status": JobStatus.FAILED, "finished": timezone.now(), "error": error, "error_traceback": traceback,
+                **fields}
+
+    @staticmethod
+    def cancelled_fields(**fields) -> dict:
+        return {"status": JobStatus.CANCELLED, "finished": timezone.now(), **fields}
+
+    def _transition(self, from_statuses, fields: dict) -> bool:
+        """Write ``fields`` (a new status among them) only if the row is still in one of ``from_statuses``; True if
+        it moved.
 
         One UPDATE and no reload when it moved: the instance takes the values it wrote (a field written from an
         expression, such as an appended log, is left to load on first use). When it did not move, the row is read
         again so the caller sees the status that won."""
-        moved = type(self).objects.filter(pk=self.pk, status__in=list(from_statuses)).update(status=to_status, **fields)
+        moved = type(self).objects.filter(pk=self.pk, status__in=list(from_statuses)).update(**fields)
         if moved:
-            self.status = to_status
             for name, value in fields.items():
                 if hasattr(value, "resolve_expression"):
                     self.__dict__.pop(name, None)
@@ -66,21 +85,16 @@ class StatusTransitions(models.Model):
         return moved == 1
 
     def start(self, **fields) -> bool:
-        return self._transition([JobStatus.QUEUED], JobStatus.RUNNING, started=timezone.now(), **fields)
+        return self._transition([JobStatus.QUEUED], self.started_fields(**fields))
 
     def finish(self, **fields) -> bool:
-        return self._transition(
-            ACTIVE_STATUSES, JobStatus.SUCCEEDED, finished=timezone.now(), progress=1.0, **fields
-        )
+        return self._transition(ACTIVE_STATUSES, self.finished_fields(**fields))
 
     def fail(self, error: str, traceback: str = "", **fields) -> bool:
-        return self._transition(
-            ACTIVE_STATUSES, JobStatus.FAILED, finished=timezone.now(), error=error, error_traceback=traceback,
-            **fields
-        )
+        return self._transition(ACTIVE_STATUSES, self.failed_fields(error, traceback, **fields))
 
     def cancel(self, **fields) -> bool:
-        return self._transition(ACTIVE_STATUSES, JobStatus.CANCELLED, finished=timezone.now(), **fields)
+        return self._transition(ACTIVE_STATUSES, self.cancelled_fields(**fields))
 
     def set_progress(self, fraction: float) -> bool:
         fraction = min(max(float(fraction), 0.0), 1.0)

@@ -183,8 +183,14 @@ def burst(team, user, cluster, app, results, queue, size: int) -> dict:
     ids = [jobs.submit_job(team=team, user=user, cluster=cluster, stages=["env_probe"]).pk for _ in range(size)]
     pending = AdaptationJob.objects.filter(pk__in=ids).exclude(status__in=TERMINAL)
     deadline = time.monotonic() + 300
-    while pending.exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    # A plain cursor, as the rounds poll: the ORM's query took ~1 ms of the CPU the stack needs every 10 ms.
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute("SELECT count(*) FROM adaptation_adaptationjob WHERE id = ANY(%s) AND NOT status = ANY(%s)",
+                           [ids, TERMINAL])
+            if not cursor.fetchone()[0]:
+                break
+            time.sleep(0.01)
     d0_seconds = time.perf_counter() - started
     keys = [f"{PREFIX}.burst.{uuid.uuid4().hex}" for _ in range(size)]
     started = time.perf_counter()

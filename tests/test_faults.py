@@ -1,13 +1,17 @@
 """Faults through real workers on a broker of the test's own (the embedded Valkey server, on a unix socket in the
-test's folder, so it can be stopped and started) and PostgreSQL: a broker restart mid-stage, a node restart within
-the node timeout, a control-worker restart under a backlog. Every job must end terminal with its true reason, no
+test's folder, so it can be stopped and started) and PostgreSQL: a broker restart mid-stage, a database outage
+mid-stage (the workers reach PostgreSQL through a relay the test cuts), a node restart within the node timeout, a
+control-worker restart under a backlog. Every job must end terminal with its true reason, no
 live node may be marked offline, and no process or work folder of the test may be left."""
 
 from __future__ import annotations
 
 import signal
+import socket
+import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psutil
 import psycopg
@@ -46,15 +50,89 @@ class Broker:
         self.process = None
 
 
+class DatabaseLink:
+    """The workers' way to PostgreSQL through a relay the test can cut: every connection through it dropped and new
+    ones refused until it is restored, which is what a database restart or failover looks like to its clients (the
+    test's own connection goes straight to the database)."""
+
+    def __init__(self, url: str):
+        parts = urlsplit(url)
+        self.target = (parts.hostname, parts.port or 5432)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        credentials = parts.netloc.rpartition("@")[0]
+        self.url = parts._replace(netloc=f"{credentials}@127.0.0.1:{self.listener.getsockname()[1]}").geturl()
+        self.up, self.open, self.lock = True, set(), threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            with self.lock:  # not while a cut is under way
+                if not self.up:
+                    client.close()
+                    continue
+                server = socket.create_connection(self.target)
+                self.open.update((client, server))
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            self._drop(source, sink)
+
+    @staticmethod
+    def _drop(*ends: socket.socket) -> None:
+        # shutdown, not only close: the other direction's thread is blocked reading the same socket, and closing it
+        # under that thread would neither wake it nor end the TCP connection (the database would keep its session).
+        for end in ends:
+            try:
+                end.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            end.close()
+
+    def cut(self) -> None:
+        with self.lock:
+            self.up = False
+            self._drop(*self.open)
+            self.open.clear()
+
+    def restore(self) -> None:
+        with self.lock:
+            self.up = True
+
+    def close(self) -> None:
+        self.cut()
+        self.listener.close()
+
+
+@pytest.fixture
+def database_link():
+    """A ``DatabaseLink`` to the test database; a test asks for it before ``faults``, so that it is closed after
+    the workers using it have stopped."""
+    link = DatabaseLink(database_url())
+    yield link
+    link.close()
+
+
 class Faults:
     """A worker stack on its own broker; jobs are submitted through the control plane's service and their dispatch
-    sent to that broker (the test process's Celery app is bound to the shared one)."""
+    sent to that broker (the test process's Celery app is bound to the shared one). ``database``: the workers' URL of
+    the test database (default: the test's own)."""
 
-    def __init__(self, folder: Path, broker: Broker, recorder, **settings):
+    def __init__(self, folder: Path, broker: Broker, recorder, database: str | None = None, **settings):
         self.broker = broker
         self.temp = folder / "tmp"  # the workers' system temp folder, checked for left work folders at the end
         self.temp.mkdir()
-        self.stack = WorkerStack(folder, database_url(), broker.url, TMPDIR=str(self.temp), **settings)
+        self.stack = WorkerStack(folder, database or database_url(), broker.url, TMPDIR=str(self.temp), **settings)
         self.recorder = recorder
         self.dispatcher = Celery("dispatcher", broker=broker.url, fixups=[])
 
@@ -151,6 +229,33 @@ def test_a_broker_restart_mid_stage_loses_no_report(faults, cluster, owner):
     assert Node.objects.get(hostname="restart-broker").status == "online"
     log = stack.stack.log("node-restart-broker")
     assert "progress report dropped" in log  # the outage did fall on the stage's progress
+
+
+def test_a_database_outage_mid_stage_loses_no_report(database_link, faults, cluster, owner):
+    """The stage's finished report reaches the control plane while PostgreSQL cannot be reached (a restart, a
+    failover): the report's task is tried again with back-off instead of failing, which would drop the report (the
+    broker has handed it over) and leave the job running until the stage timeout. Once the database answers, the
+    report is applied once and the job ends succeeded."""
+    stack = faults(database=database_link.url, D0_NODE_TIMEOUT=60, D0_SWEEP_INTERVAL=1)
+    stack.stack.start_control()
+    stack.stack.start_node("alpha/h100-pod", "database-away")
+    wait_for(node_online("database-away"), 90, "node registration")
+
+    job_id = stack.submit(cluster, owner, ["env_check"], {"env_check": {"measure_seconds": 0.5}})
+    wait_for(lambda: StageRun.objects.filter(job_id=job_id, status="running", progress__gte=0.8).first(), 90,
+             "the stage's last phases")
+    database_link.cut()
+    wait_for(lambda: [line for line in stack.stack.log("control").splitlines()
+                      if f"{protocol.STAGE_FINISHED}[" in line and " retry: Retry in " in line], 60,
+             "the finished report's task to meet the outage and be tried again")
+    assert StageRun.objects.get(job_id=job_id).status == "running"
+    database_link.restore()
+
+    job = wait_for(job_status(job_id, *TERMINAL), 90, "the job to end once the database answered again")
+    assert job.status == "succeeded", job.error
+    assert job.env_reports.count() == 1
+    assert job.log.count("stage env_check succeeded") == 1
+    assert Node.objects.get(hostname="database-away").status == "online"
 
 
 def test_a_node_restarted_within_the_timeout_fails_the_stage_it_was_running(faults, cluster, owner):

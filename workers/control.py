@@ -10,6 +10,7 @@ and drops and counts what it cannot trust. Nodes never touch the database.
 import traceback
 
 from celery import shared_task
+from django.db import InterfaceError, OperationalError
 
 from adaptation.clusters import services as clusters
 from adaptation.clusters import trust
@@ -18,11 +19,22 @@ from adaptation.models import AdaptationJob
 
 from . import protocol
 
+# A task that loses the database (PostgreSQL restarting or failing over, a connection cut, a deadlock) is tried
+# again with back-off (up to 30 times, at most 30 s apart: minutes) rather than failed: a failed task's message is
+# acknowledged and gone, and a node's report has already left the node, so the job would wait for the stage timeout
+# (hours). Each of these tasks is idempotent (guarded transitions, one transaction each). Heartbeats, progress
+# reports and the sweep are not retried: the next one says more.
+DATABASE_LOST = (OperationalError, InterfaceError)
+RETRIED_WHILE_THE_DATABASE_IS_AWAY = {"autoretry_for": DATABASE_LOST, "retry_backoff": 1, "retry_backoff_max": 30,
+                                      "retry_jitter": True, "max_retries": 30}
 
-@shared_task(name=protocol.DISPATCH_JOB)
+
+@shared_task(name=protocol.DISPATCH_JOB, **RETRIED_WHILE_THE_DATABASE_IS_AWAY)
 def dispatch_job(job_id: int) -> None:
     try:
         jobs.dispatch_job(job_id)
+    except DATABASE_LOST:
+        raise  # tried again: the job is still queued (its one transaction did not commit)
     except Exception as error:
         # The job row must end in a terminal state with the reason, never stay "running" with nobody on it.
         job = AdaptationJob.objects.filter(pk=job_id).first()
@@ -32,7 +44,7 @@ def dispatch_job(job_id: int) -> None:
         raise
 
 
-@shared_task(name=protocol.REGISTER_NODE)
+@shared_task(name=protocol.REGISTER_NODE, **RETRIED_WHILE_THE_DATABASE_IS_AWAY)
 def register_node(*message) -> None:
     trust.register(message)
 
@@ -48,7 +60,7 @@ def node_heartbeat(self, *message) -> None:
         clusters.record_heartbeat(sender.node)
 
 
-@shared_task(name=protocol.NODE_LEAVING)
+@shared_task(name=protocol.NODE_LEAVING, **RETRIED_WHILE_THE_DATABASE_IS_AWAY)
 def node_leaving(*message) -> None:
     sender = trust.accept(protocol.NODE_LEAVING, message)
     if sender and trust.newest(sender, protocol.NODE_LEAVING):
@@ -67,7 +79,7 @@ def _report(task: str, message, apply, arity: int, *, with_duration: bool = Fals
     apply(*sender.args, sender=sender.node, **duration)
 
 
-@shared_task(name=protocol.STAGE_STARTED)
+@shared_task(name=protocol.STAGE_STARTED, **RETRIED_WHILE_THE_DATABASE_IS_AWAY)
 def stage_started(*message) -> None:
     _report(protocol.STAGE_STARTED, message, jobs.record_stage_started, 1)
 
@@ -77,7 +89,7 @@ def stage_progress(*message) -> None:
     _report(protocol.STAGE_PROGRESS, message, jobs.record_stage_progress, 3)
 
 
-@shared_task(name=protocol.STAGE_FINISHED)
+@shared_task(name=protocol.STAGE_FINISHED, **RETRIED_WHILE_THE_DATABASE_IS_AWAY)
 def stage_finished(*message) -> None:
     _report(protocol.STAGE_FINISHED, message, jobs.record_stage_finished, 5, with_duration=True)
 

@@ -199,20 +199,25 @@ def outbox(stack: Faults, hostname: str) -> Path:
     return stack.stack.log_dir / "node-keys" / protocol.node_queue("alpha/h100-pod", hostname) / "outbox"
 
 
+def env_check_in_its_last_phases(stack: Faults, hostname: str, cluster, owner) -> int:
+    """The stack's control worker and a node started, and an env check on it that has reached its last phases
+    (collectives, then checks, from 80 %): where an outage begins in the tests below. Returns the job's id."""
+    stack.stack.start_control()
+    stack.stack.start_node("alpha/h100-pod", hostname)
+    wait_for(node_online(hostname), 90, "node registration")
+    job_id = stack.submit(cluster, owner, ["env_check"], {"env_check": {"measure_seconds": 0.5}})
+    wait_for(lambda: StageRun.objects.filter(job_id=job_id, status="running", progress__gte=0.8).first(), 90,
+             "the stage's last phases")
+    return job_id
+
+
 def test_a_broker_restart_mid_stage_loses_no_report(faults, cluster, owner):
     """Issue 15 item 2: the stage's progress and its finished report fall in a broker outage; the node keeps the
     report and sends it when the broker is back, so the job ends succeeded rather than running for hours."""
     # The outage (the stage's last seconds, the node's retries, the workers' reconnection back-off) stays within
     # the node timeout: a longer one is the node timeout's to judge.
     stack = faults(D0_NODE_TIMEOUT=60, D0_SWEEP_INTERVAL=1)
-    stack.stack.start_control()
-    stack.stack.start_node("alpha/h100-pod", "restart-broker")
-    wait_for(node_online("restart-broker"), 90, "node registration")
-
-    job_id = stack.submit(cluster, owner, ["env_check"], {"env_check": {"measure_seconds": 0.5}})
-    # The env check's last phases (collectives, then checks) start at 80 %; the outage begins there.
-    wait_for(lambda: StageRun.objects.filter(job_id=job_id, status="running", progress__gte=0.8).first(), 90,
-             "the stage's last phases")
+    job_id = env_check_in_its_last_phases(stack, "restart-broker", cluster, owner)
     stack.broker.stop()
     # The broker stays away until the stage has finished, so its result has nowhere to go but the node's outbox.
     kept = wait_for(lambda: [path.read_text() for path in outbox(stack, "restart-broker").glob("*.json")], 60,
@@ -237,13 +242,7 @@ def test_a_database_outage_mid_stage_loses_no_report(database_link, faults, clus
     broker has handed it over) and leave the job running until the stage timeout. Once the database answers, the
     report is applied once and the job ends succeeded."""
     stack = faults(database=database_link.url, D0_NODE_TIMEOUT=60, D0_SWEEP_INTERVAL=1)
-    stack.stack.start_control()
-    stack.stack.start_node("alpha/h100-pod", "database-away")
-    wait_for(node_online("database-away"), 90, "node registration")
-
-    job_id = stack.submit(cluster, owner, ["env_check"], {"env_check": {"measure_seconds": 0.5}})
-    wait_for(lambda: StageRun.objects.filter(job_id=job_id, status="running", progress__gte=0.8).first(), 90,
-             "the stage's last phases")
+    job_id = env_check_in_its_last_phases(stack, "database-away", cluster, owner)
     database_link.cut()
     wait_for(lambda: [line for line in stack.stack.log("control").splitlines()
                       if f"{protocol.STAGE_FINISHED}[" in line and " retry: Retry in " in line], 60,

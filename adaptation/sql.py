@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
-from functools import cache
+from functools import cache, cached_property
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.models import Model
@@ -131,9 +131,6 @@ class Table:
                                            for name in self.ordered(attnames))
         return self._columns[key]
 
-    def value(self, attname: str, value):
-        return self.fields[attname].get_db_prep_save(value, connection)
-
     def reader(self, attnames: Iterable[str]) -> Callable[[tuple], Model]:
         """A row of ``columns(attnames)`` (or a slice of one) → an instance, converted as the ORM would."""
         key = tuple(attnames)
@@ -161,24 +158,28 @@ class Table:
 
         return instance
 
+    @cached_property
+    def _inserted_fields(self) -> list:
+        return [field for field in self.model._meta.concrete_fields if not field.primary_key]
+
+    @cached_property
+    def _insert_sql(self) -> str:
+        fields = self._inserted_fields
+        return (f"INSERT INTO {self.name} ({', '.join(self.bare[f.attname] for f in fields)}) "
+                f"VALUES ({placeholders(fields)}) RETURNING {self.bare[self.model._meta.pk.attname]}")
+
     def insert(self, obj: Model) -> Pending:
         """INSERT ``obj`` (its pk is set once the answer is read: ``.one()``), field defaults and ``auto_now_add``
         applied as ``save()`` applies them."""
-        fields = [field for field in self.model._meta.concrete_fields if not field.primary_key]
-        key = ("INSERT",)
-        if key not in self._columns:
-            self._columns[key] = (
-                f"INSERT INTO {self.name} ({', '.join(self.bare[f.attname] for f in fields)}) "
-                f"VALUES ({placeholders(fields)}) RETURNING {self.bare[self.model._meta.pk.attname]}")
         db = connections[DEFAULT_DB_ALIAS]
-        values = [field.get_db_prep_save(field.pre_save(obj, True), db) for field in fields]
+        values = [field.get_db_prep_save(field.pre_save(obj, True), db) for field in self._inserted_fields]
 
         def answered(row):
             obj.pk = row[0]
             obj._state.adding = False
             return obj
 
-        return send(self._columns[key], values, answered)
+        return send(self._insert_sql, values, answered)
 
     def assignments(self, fields: dict) -> tuple[str, list]:
         """``SET`` clauses for ``fields``: a value, or ``Appended(text)`` / ``IfUnset(value)``."""

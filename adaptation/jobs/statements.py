@@ -13,7 +13,7 @@ from django.db import connection
 
 from ..choices import ACTIVE_STATUSES, NodeStatus
 from ..models import AdaptationJob, Cluster, Node, StageRun
-from ..sql import Pending, Table, placeholders, send, table
+from ..sql import Pending, placeholders, send, table
 
 # A job as the control plane reads it under its lock: without its log and traceback (they only grow).
 JOB_READ = tuple(f.attname for f in AdaptationJob._meta.concrete_fields if f.name not in ("log", "error_traceback"))
@@ -24,10 +24,6 @@ ENDED_RUN_FIELDS = tuple(f.attname for f in StageRun._meta.concrete_fields if f.
                                                                                              "error_traceback"))
 
 
-def _tables() -> tuple[Table, Table, Table, Table]:
-    return table(AdaptationJob), table(Cluster), table(Node), table(StageRun)
-
-
 CLUSTER_READ = tuple(f.attname for f in Cluster._meta.concrete_fields)
 NODE_READ = tuple(f.attname for f in Node._meta.concrete_fields)
 
@@ -35,13 +31,13 @@ NODE_READ = tuple(f.attname for f in Node._meta.concrete_fields)
 # Each statement's SQL is made once per variant (``cache``): only its parameters change from call to call.
 @cache
 def _job_of_run() -> str:
-    runs = _tables()[3]
+    runs = table(StageRun)
     return f"(SELECT {runs.column('job_id')} FROM {runs.name} WHERE {runs.column('id')} = %s)"
 
 
 @cache
 def _locked_job_sql(of_run: bool) -> str:
-    jobs, clusters, _, _ = _tables()
+    jobs, clusters = table(AdaptationJob), table(Cluster)
     lock = f" FOR UPDATE OF {jobs.name}" if connection.features.has_select_for_update_of else ""
     return (f"SELECT {jobs.columns(JOB_READ)}, {clusters.columns(CLUSTER_READ)} FROM {jobs.name} "
             f"JOIN {clusters.name} ON {clusters.column('id')} = {jobs.column('cluster_id')} "
@@ -51,7 +47,7 @@ def _locked_job_sql(of_run: bool) -> str:
 def locked_job(job_id: int | None = None, *, of_run: int | None = None) -> Pending:
     """A job (or the job of stage run ``of_run``) with its cluster, its row locked until the transaction ends
     (``FOR UPDATE OF`` the job only: where the database has row locks)."""
-    jobs, clusters, _, _ = _tables()
+    jobs, clusters = table(AdaptationJob), table(Cluster)
     read_job, read_cluster = jobs.reader(JOB_READ), clusters.reader(CLUSTER_READ)
 
     def read(row):
@@ -64,7 +60,7 @@ def locked_job(job_id: int | None = None, *, of_run: int | None = None) -> Pendi
 
 @cache
 def _online_nodes_sql(of_job: bool) -> str:
-    jobs, _, nodes, _ = _tables()
+    jobs, nodes = table(AdaptationJob), table(Node)
     which = f"(SELECT {jobs.column('cluster_id')} FROM {jobs.name} WHERE {jobs.column('id')} = %s)" if of_job else "%s"
     return (f"SELECT {nodes.columns(NODE_READ)} FROM {nodes.name} WHERE {nodes.column('cluster_id')} = {which} "
             f"AND {nodes.column('status')} = %s ORDER BY {nodes.column('hostname')}")
@@ -73,17 +69,17 @@ def _online_nodes_sql(of_job: bool) -> str:
 def online_nodes(*, cluster_id: int | None = None, of_job: int | None = None) -> Pending:
     """The online nodes of a cluster (or of job ``of_job``'s cluster), by hostname."""
     return send(_online_nodes_sql(of_job is not None), [cluster_id if of_job is None else of_job, NodeStatus.ONLINE],
-                _tables()[2].reader(NODE_READ))
+                table(Node).reader(NODE_READ))
 
 
 def insert_run(run: StageRun) -> Pending:
     """A new stage run; its id is set when the answer is read."""
-    return _tables()[3].insert(run)
+    return table(StageRun).insert(run)
 
 
 @cache
 def _runs_of_job_sql(of_run: bool) -> str:
-    runs = _tables()[3]
+    runs = table(StageRun)
     return (f"SELECT {runs.columns(ADVANCE_RUN_FIELDS)} FROM {runs.name} WHERE {runs.column('job_id')} = "
             f"{_job_of_run() if of_run else '%s'} ORDER BY {runs.column('id')}")
 
@@ -91,13 +87,13 @@ def _runs_of_job_sql(of_run: bool) -> str:
 def runs_of_job(job_id: int | None = None, *, of_run: int | None = None) -> Pending:
     """What deciding the next step reads of a job's (or of stage run ``of_run``'s job's) stage runs."""
     return send(_runs_of_job_sql(of_run is not None), [job_id if of_run is None else of_run],
-                _tables()[3].reader(ADVANCE_RUN_FIELDS))
+                table(StageRun).reader(ADVANCE_RUN_FIELDS))
 
 
 def end_run(run_id: int, node_id: int, fields: dict) -> Pending:
     """Write ``fields`` (a run's end) on stage run ``run_id`` if it is assigned to node ``node_id`` and still
     active; the answer is the run as it is now, or None when nothing moved."""
-    runs = _tables()[3]
+    runs = table(StageRun)
     assignments, params = runs.assignments(fields)
     return send(f"UPDATE {runs.name} SET {assignments} WHERE {runs.column('id')} = %s AND {runs.column('node_id')} = "
                 f"%s AND {runs.column('status')} IN ({placeholders(ACTIVE_STATUSES)}) RETURNING "
@@ -107,7 +103,7 @@ def end_run(run_id: int, node_id: int, fields: dict) -> Pending:
 
 def update_job(job_id: int, status: str, fields: dict) -> Pending:
     """Write ``fields`` on job ``job_id`` if it is still ``status`` (its row is locked by the caller)."""
-    jobs = _tables()[0]
+    jobs = table(AdaptationJob)
     assignments, params = jobs.assignments(fields)
     return send(f"UPDATE {jobs.name} SET {assignments} WHERE {jobs.column('id')} = %s AND {jobs.column('status')} = %s",
                 [*params, job_id, status])

@@ -141,14 +141,14 @@ def test_the_job_form_rejects_bad_parameters(member, cluster):
     assert not AdaptationJob.objects.exists()
 
 
-def test_the_job_form_submits_a_job(member, cluster, broker, django_capture_on_commit_callbacks):
+def test_the_job_form_submits_a_job(member, cluster, node, broker, django_capture_on_commit_callbacks):
     client = Client()
     client.force_login(member)
     with django_capture_on_commit_callbacks(execute=True):
         response = client.post("/jobs/new/", {"cluster": cluster.pk, "stages": ["env_probe"]})
     job = AdaptationJob.objects.get()
     assert response["Location"] == f"/jobs/{job.pk}/"
-    assert broker.names() == ["d0.control.dispatch_job"]
+    assert broker.names() == ["d0.node.run_stage"]
 
 
 def test_cancelling_a_finished_job_from_its_page_says_why(member, job):
@@ -169,7 +169,7 @@ def test_retry_from_the_job_page_opens_the_new_job(member, job, broker, django_c
         response = client.post(f"/jobs/{job.pk}/retry/")
     again = AdaptationJob.objects.get(retry_of=job)
     assert response["Location"] == f"/jobs/{again.pk}/"
-    assert broker.names() == ["d0.control.dispatch_job"]
+    assert broker.names() == ["d0.node.run_stage"]
 
 
 def test_the_job_form_preselects_the_cluster_it_was_opened_from(member, cluster):

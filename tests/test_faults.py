@@ -6,8 +6,11 @@ live node may be marked offline, and no process or work folder of the test may b
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -16,6 +19,7 @@ from urllib.parse import urlsplit
 import psutil
 import psycopg
 import pytest
+import redis
 from celery import Celery
 from django.db import connection
 
@@ -316,11 +320,11 @@ class JobRowLock:
         self.connection = psycopg.connect(database_url())
         self.connection.execute("SELECT id FROM adaptation_adaptationjob WHERE id = %s FOR UPDATE", [job_id])
 
-    def waiters(self) -> int:
-        """Control-plane transactions waiting for this lock to take the row for themselves."""
+    def waiters(self) -> list[int]:
+        """The backends of the transactions waiting for this lock (the control plane's, to take the row)."""
         with psycopg.connect(database_url(), autocommit=True) as other:
-            return other.execute("SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
-                                 [self.connection.info.backend_pid]).fetchone()[0]
+            return [pid for pid, in other.execute("SELECT pid FROM pg_stat_activity WHERE %s = ANY("
+                                                  "pg_blocking_pids(pid))", [self.connection.info.backend_pid])]
 
     def release(self) -> None:
         self.connection.rollback()
@@ -336,16 +340,20 @@ def kill_control_inside_its_transaction(stack: Faults, lock: JobRowLock) -> None
 
 
 def test_a_control_worker_killed_inside_dispatch_leaves_the_job_queued_and_it_runs_once(faults, cluster, owner):
-    """Issue 15 item 1: starting a job and dispatching its first stage are one transaction. Killed inside it, the
-    worker commits nothing: the job is still queued, with no stage run; the message comes back (its worker never
-    acknowledged it) and the reconciler finds the job queued too; whichever comes first dispatches it, once."""
+    """Issue 15 item 1: starting a job and dispatching its first stage are one transaction. A job left queued (an
+    earlier d0 submitted it and sent the control plane its dispatch message; this one's submit dispatches itself):
+    killed inside the dispatch, the worker commits nothing: the job is still queued, with no stage run; the message
+    comes back (its worker never acknowledged it) and the reconciler finds the job queued too; whichever comes
+    first dispatches it, once."""
     stack = faults(D0_NODE_TIMEOUT=60, D0_SWEEP_INTERVAL=1, D0_CONTROL_REDELIVER_AFTER=3, D0_RECONCILE_AFTER=4)
     stack.stack.start_control()
     stack.stack.start_node("alpha/h100-pod", "kill-dispatch")
     wait_for(node_online("kill-dispatch"), 90, "node registration")
     stack.stack.kill("control", signal.SIGTERM)
 
-    job_id = stack.submit(cluster, owner, ["env_probe"])
+    job_id = AdaptationJob.objects.create(team=cluster.team, cluster=cluster, stages=["env_probe"],
+                                          submitted_by=owner).pk
+    stack.dispatcher.send_task(protocol.DISPATCH_JOB, args=[job_id], queue=stack.stack.control_queue)
     lock = JobRowLock(job_id)
     stack.stack.start_control()
     kill_control_inside_its_transaction(stack, lock)
@@ -357,6 +365,47 @@ def test_a_control_worker_killed_inside_dispatch_leaves_the_job_queued_and_it_ru
     assert job.status == "succeeded", job.error
     assert job.stage_runs.count() == 1
     assert job.log.count(" started\n") == 1
+
+
+class JobTableLock(JobRowLock):
+    """The job table locked against writes (SHARE mode) from a connection of the test's own: a submit waits at its
+    job's INSERT, inside its transaction, before anything of it can commit."""
+
+    def __init__(self):
+        self.connection = psycopg.connect(database_url())
+        self.connection.execute("LOCK TABLE adaptation_adaptationjob IN SHARE MODE")
+
+
+def test_a_submitter_killed_inside_its_transaction_leaves_no_job_and_sends_nothing(faults, tmp_path, cluster, owner,
+                                                                                 node):
+    """The submit inserts the job, starts it and queues its first stage in one transaction, and messages the node
+    once it commits. A web worker killed inside it leaves nothing: no job, no stage run, no message on the node's
+    queue (a job INSERT committed on its own, as the submit once was, would be left behind)."""
+    stack = faults()
+    lock = JobTableLock()
+    submitter = subprocess.Popen(
+        [sys.executable, "-c", "import django; django.setup(); "
+         "from django.contrib.auth.models import User; from adaptation.jobs.services import submit_job; "
+         f"from adaptation.models import Cluster; cluster = Cluster.objects.get(pk={cluster.pk}); "
+         f"submit_job(team=cluster.team, user=User.objects.get(pk={owner.pk}), cluster=cluster, stages=['env_probe'])"],
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "d0web.settings", "DATABASE_URL": database_url(),
+             "D0_BROKER_URL": stack.broker.url, "D0_VAR_DIR": str(tmp_path / "submitter")})
+    try:
+        [backend] = wait_for(lock.waiters, 90, "the submit to wait inside its transaction")
+        submitter.kill()
+        submitter.wait(timeout=30)
+    finally:
+        lock.release()
+
+    def backend_gone():
+        with psycopg.connect(database_url(), autocommit=True) as other:
+            return not other.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [backend]).fetchone()
+
+    wait_for(backend_gone, 30, "the killed submitter's database session to end")  # what it would commit, it has
+    assert not AdaptationJob.objects.exists()
+    assert not StageRun.objects.exists()
+    broker = redis.Redis(unix_socket_path=str(embedded_broker.socket_path(stack.broker.folder)))
+    assert broker.llen(node.queue_name) == 0
 
 
 def test_a_control_worker_killed_between_a_stage_end_and_the_next_step_loses_neither(faults, cluster, owner):

@@ -19,37 +19,62 @@ def submit(cluster, owner, django_capture_on_commit_callbacks, **extra):
         return jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=["env_probe"], **extra)
 
 
-def test_a_submitted_job_is_enqueued_only_after_commit(cluster, owner, broker, django_capture_on_commit_callbacks):
+def test_a_submitted_job_starts_with_its_first_stage_on_each_online_node_sent_after_commit(
+        cluster, owner, node, broker, django_capture_on_commit_callbacks):
+    """The submit dispatches: the job starts and its first stage is queued on every online node (not a draining
+    one) in the transaction that creates it; the nodes' messages go only once it commits."""
+    Node.objects.create(cluster=cluster, hostname="gpu-02", queue_name="q2", last_heartbeat=timezone.now())
+    Node.objects.create(cluster=cluster, hostname="gpu-03", queue_name="q3", status="draining")
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=["env_probe"])
+        job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=["env_probe", "env_check"])
     assert broker.sent == []
     for callback in callbacks:
         callback()
-    assert broker.sent == [{"name": protocol.DISPATCH_JOB, "args": [job.pk], "queue": protocol.control_queue(),
-                            "task_id": job.celery_task_id}]
-    assert job.status == "queued"
-
-
-def test_dispatch_fans_the_stage_out_to_each_online_node_queue(cluster, owner, node, broker,
-                                                               django_capture_on_commit_callbacks):
-    second = Node.objects.create(cluster=cluster, hostname="gpu-02", queue_name="q2", last_heartbeat=timezone.now())
-    Node.objects.create(cluster=cluster, hostname="gpu-03", queue_name="q3", status="draining")
-    job = submit(cluster, owner, django_capture_on_commit_callbacks)
-    with django_capture_on_commit_callbacks(execute=True):
-        jobs.dispatch_job(job.pk)
-    job.refresh_from_db()
-    assert job.status == "running"
+    job = AdaptationJob.objects.get(pk=job.pk)
+    assert (job.status, job.started is not None) == ("running", True)
+    assert "started" in job.log and "stage env_probe queued on gpu-01" in job.log
     runs = list(job.stage_runs.order_by("node_name"))
-    assert [run.node_name for run in runs] == ["gpu-01", "gpu-02"]
-    node_tasks = [task for task in broker.sent if task["name"] == protocol.RUN_STAGE]
-    assert sorted(task["queue"] for task in node_tasks) == sorted([node.queue_name, second.queue_name])
-    assert {task["task_id"] for task in node_tasks} == {run.celery_task_id for run in runs}
+    assert [(run.kind, run.node_name, run.status) for run in runs] == [("env_probe", "gpu-01", "queued"),
+                                                                       ("env_probe", "gpu-02", "queued")]
+    assert broker.names() == [protocol.RUN_STAGE] * 2
+    assert sorted((task["queue"], task["task_id"], task["args"][0]) for task in broker.sent) == sorted(
+        (run.node.queue_name, run.celery_task_id, run.pk) for run in runs)
+
+
+def test_a_job_left_queued_by_an_earlier_version_is_dispatched_once(cluster, owner, node, broker,
+                                                                    django_capture_on_commit_callbacks):
+    """A dispatch message an earlier d0 sent for its queued job is still taken (and the reconciler finds such a
+    job too): the job starts once, whichever comes first."""
+    job = AdaptationJob.objects.create(team=cluster.team, cluster=cluster, stages=["env_probe"], submitted_by=owner)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert jobs.dispatch_job(job.pk) is True
+        assert jobs.dispatch_job(job.pk) is False
+    job.refresh_from_db()
+    assert job.status == "running" and job.stage_runs.get().node == node
+    assert broker.names() == [protocol.RUN_STAGE]
+
+
+def test_a_stage_the_broker_would_not_take_fails_its_job_with_that_reason(cluster, owner, node, broker, monkeypatch,
+                                                                         django_capture_on_commit_callbacks):
+    """Committed but never sent, a stage run would wait in "queued" for ever: its job fails at once, saying why."""
+    from kombu.exceptions import OperationalError
+
+    def refused(*args, **kwargs):
+        raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    monkeypatch.setattr(broker, "send_task", refused)
+    with django_capture_on_commit_callbacks(execute=True):
+        job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=["env_probe"])
+    job.refresh_from_db()
+    assert job.status == "failed"
+    assert job.error.startswith("Stage env_probe could not be sent to gpu-01: the message broker did not take it "
+                                "(Error 111 connecting")
+    assert job.stage_runs.get().status == "failed"
 
 
 def test_a_job_succeeds_when_every_stage_run_reports_success(cluster, owner, node, broker,
                                                             django_capture_on_commit_callbacks):
     job = submit(cluster, owner, django_capture_on_commit_callbacks)
-    jobs.dispatch_job(job.pk)
     run = job.stage_runs.get()
     jobs.record_stage_started(run.pk, sender=run.node)
     jobs.record_stage_progress(run.pk, 0.5, "halfway", sender=run.node)
@@ -67,7 +92,6 @@ def test_a_stage_that_sent_no_started_report_is_dated_by_how_long_it_ran(cluster
                                                                         django_capture_on_commit_callbacks):
     """A node says "started" only after half a second; a shorter stage's finished report says how long it ran."""
     job = submit(cluster, owner, django_capture_on_commit_callbacks)
-    jobs.dispatch_job(job.pk)
     run = job.stage_runs.get()
     jobs.record_stage_finished(run.pk, True, {"devices": []}, "", "", sender=run.node, ran_for=0.25)
     run.refresh_from_db()
@@ -89,7 +113,6 @@ def test_a_finished_report_carries_its_duration_signed_and_checked(node):
 def test_a_failed_stage_fails_the_job_with_the_nodes_error(cluster, owner, node, broker,
                                                            django_capture_on_commit_callbacks):
     job = submit(cluster, owner, django_capture_on_commit_callbacks)
-    jobs.dispatch_job(job.pk)
     run = job.stage_runs.get()
     jobs.record_stage_finished(run.pk, False, None, "RuntimeError: CUDA error", "Traceback ...", sender=run.node)
     job.refresh_from_db()
@@ -101,7 +124,6 @@ def test_a_failed_stage_fails_the_job_with_the_nodes_error(cluster, owner, node,
 def test_a_job_fails_at_once_when_the_cluster_has_no_online_node(cluster, owner, broker,
                                                                 django_capture_on_commit_callbacks):
     job = submit(cluster, owner, django_capture_on_commit_callbacks)
-    jobs.dispatch_job(job.pk)
     job.refresh_from_db()
     assert job.status == "failed"
     assert "No online node in cluster 'h100-pod'" in job.error
@@ -110,7 +132,6 @@ def test_a_job_fails_at_once_when_the_cluster_has_no_online_node(cluster, owner,
 def test_cancel_revokes_node_work_and_a_late_report_does_not_undo_it(cluster, owner, node, broker,
                                                                     django_capture_on_commit_callbacks):
     job = submit(cluster, owner, django_capture_on_commit_callbacks)
-    jobs.dispatch_job(job.pk)
     run = job.stage_runs.get()
     jobs.record_stage_started(run.pk, sender=run.node)
     with django_capture_on_commit_callbacks(execute=True):
@@ -135,7 +156,7 @@ def test_retry_makes_a_new_job_with_the_same_inputs(job, owner, broker, django_c
     job.fail("boom")
     with django_capture_on_commit_callbacks(execute=True):
         again = jobs.retry_job(job, owner)
-    assert (again.retry_of, again.stages, again.model, again.status) == (job, job.stages, job.model, "queued")
+    assert (again.retry_of, again.stages, again.model, again.status) == (job, job.stages, job.model, "running")
     with pytest.raises(jobs.Conflict):
         jobs.retry_job(again, owner)
 
@@ -158,7 +179,6 @@ def test_the_sweep_marks_a_silent_node_offline_and_fails_its_job(cluster, owner,
                                                                  django_capture_on_commit_callbacks):
     settings.D0_NODE_TIMEOUT = 30
     job = submit(cluster, owner, django_capture_on_commit_callbacks)
-    jobs.dispatch_job(job.pk)
     Node.objects.filter(pk=node.pk).update(last_heartbeat=timezone.now() - timedelta(seconds=31))
     assert jobs.sweep_nodes() == ["gpu-01"]
     node.refresh_from_db()
@@ -272,7 +292,6 @@ def test_a_result_that_cannot_be_stored_fails_the_job_instead_of_leaving_it_runn
         cluster, owner, node, broker, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=True):
         job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=["env_check"])
-    jobs.dispatch_job(job.pk)
     run = job.stage_runs.get()
     jobs.record_stage_finished(run.pk, True, {"verdict": "pass", "measurements": {"per_device": [
         {"device": "not-a-label"}]}}, "", "", sender=run.node)
@@ -302,12 +321,17 @@ def test_the_reconciler_settles_jobs_a_lost_message_left_behind(cluster, owner, 
     """Issue 15: a dispatch lost with a killed consumer left a job queued forever; a control worker killed between
     storing a stage's end and dispatching the next left it running forever."""
     settings.D0_RECONCILE_AFTER = 60
-    lost_dispatch = submit(cluster, owner, django_capture_on_commit_callbacks)
+
+    def created(stages=("env_probe",)):
+        """A job row as an earlier d0 submitted it (queued, its dispatch left to a control-plane message)."""
+        return AdaptationJob.objects.create(team=cluster.team, cluster=cluster, stages=list(stages), submitted_by=owner)
+
+    lost_dispatch = created()
     _age(AdaptationJob, lost_dispatch.pk, "created", 61)
-    fresh = submit(cluster, owner, django_capture_on_commit_callbacks)  # its dispatch may still be on the way
+    fresh = created()  # its dispatch may still be on the way
 
     def job_after_its_first_stage(stages, status="succeeded", error=""):
-        job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=stages)
+        job = created(stages)
         job.start()
         run = StageRun.objects.create(job=job, kind=stages[0], node=node, node_name=node.hostname)
         run.start()
@@ -319,7 +343,7 @@ def test_the_reconciler_settles_jobs_a_lost_message_left_behind(cluster, owner, 
     lost_advance = job_after_its_first_stage(["env_probe", "env_check"])
     lost_finish = job_after_its_first_stage(["env_probe"])
     lost_failure = job_after_its_first_stage(["env_probe"], status="failed", error="node said: disk full")
-    never_advanced = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=["env_probe"])
+    never_advanced = created()
     never_advanced.start()  # the worker died right after job.start(), before advance_job
     _age(AdaptationJob, never_advanced.pk, "started", 61)
     broker.sent.clear()

@@ -248,7 +248,8 @@ def test_the_compose_redis_users_let_each_role_do_its_work_and_a_node_nothing_mo
         node = wait_for(node_online("acl-node"), 60, "the node to join through its own Redis user")
         job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=["env_probe"])
         dispatcher = Celery("dispatcher", broker=control_url, fixups=[])
-        dispatcher.send_task(protocol.DISPATCH_JOB, args=[job.pk], queue=stack.control_queue)
+        for task in broker.sent:  # the submit's message to the node, sent as the control plane's Redis user
+            dispatcher.send_task(task["name"], args=task["args"], queue=task["queue"], task_id=task["task_id"])
         done = wait_for(job_status(job.pk, "succeeded", "failed"), 60, "the job on the node")
         assert done.status == "succeeded", done.error
         assert done.stage_runs.get().node == node

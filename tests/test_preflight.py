@@ -27,11 +27,9 @@ def gated_probe(monkeypatch):
 
 
 def run_job(cluster, owner, stage, capture, result=None):
-    """Submit and dispatch a one-stage job; if ``result`` is given, report it from the node."""
+    """Submit a one-stage job (the submit dispatches it); if ``result`` is given, report it from the node."""
     with capture(execute=True):
         job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=[stage])
-    with capture(execute=True):
-        jobs.dispatch_job(job.pk)
     if result is not None:
         for run in job.stage_runs.all():
             jobs.record_stage_started(run.pk, sender=run.node)

@@ -22,6 +22,7 @@ from django.db import transaction
 from django.db.models import Avg, F, FloatField, Subquery, Value
 from django.db.models.functions import Coalesce, Concat
 from django.utils import timezone
+from kombu.exceptions import OperationalError as BrokerError
 
 from workers import protocol
 from workers.engine.sharding.layout import Layout
@@ -52,12 +53,6 @@ def celery_app():
     return app
 
 
-def _send_on_commit(name: str, args: list, queue: str, task_id: str, **options) -> None:
-    transaction.on_commit(
-        partial(celery_app().send_task, name, args=args, queue=queue, task_id=task_id, **options)
-    )
-
-
 def _revoke_on_commit(task_ids: Iterable[str], terminate: bool) -> None:
     ids = [task_id for task_id in task_ids if task_id]
     if ids:
@@ -76,9 +71,14 @@ def job_rows(user):
 
 def submit_job(*, team, user, cluster, stages, model=None, parameters=None, retry_of=None,
                notes=()) -> AdaptationJob:
-    """A new job row and its dispatch message, sent once the row is committed. One INSERT and nothing else, so no
-    transaction of its own (BEGIN and COMMIT were two of its three round trips to PostgreSQL): in autocommit the
-    message goes as soon as the INSERT commits, inside a caller's transaction when that one commits."""
+    """A new job, started with its first stage queued on the cluster's nodes in the transaction that creates it
+    (or failed there with the reason: no node online, the pre-flight gate refused them all, the stage cannot be
+    placed); the stage's messages go to the nodes once it commits. Whoever submits (a page, the API, a retry)
+    dispatches: a hop through the control plane to begin cost a job ~8 ms of its latency and the control worker a
+    task (docs/benchmarks/dispatch-vs-floor.md). Inside a caller's transaction the messages wait for its commit.
+
+    Two round trips to PostgreSQL: the cluster's online nodes read and the job inserted together (BEGIN included),
+    then the stage runs, the job's start and the COMMIT together (adaptation/sql.py)."""
     job = AdaptationJob(
         team=team,
         cluster=cluster,
@@ -87,13 +87,16 @@ def submit_job(*, team, user, cluster, stages, model=None, parameters=None, retr
         parameters=parameters or {},
         submitted_by=user,
         retry_of=retry_of,
-        celery_task_id=str(uuid.uuid4()),
         log=stamped(f"submitted by {user} to cluster {cluster.name}: {', '.join(stages)}", *notes),
     )
     # The related rows are instances the caller loaded (scoped to the team): no query to check that they exist.
     job.full_clean(exclude=["team", "cluster", "model", "submitted_by", "retry_of"])
-    job.save()
-    _send_on_commit(protocol.DISPATCH_JOB, [job.pk], protocol.control_queue(), job.celery_task_id)
+    with sql.ending_in_one_batch():
+        with sql.batch():
+            online, inserted = statements.online_nodes(cluster_id=cluster.pk), statements.insert_job(job)
+            nodes = online.rows()
+            inserted.one()
+        _advance(job, [], ["started"], online=nodes)
     return job
 
 
@@ -132,7 +135,8 @@ def cancel_job(job: AdaptationJob, user) -> AdaptationJob:
     if not job.cancel(log=log_lines(f"cancelled by {user}")):
         raise Conflict(f"Job {job.pk} is already {job.status}; only a queued or running job can be cancelled.")
     _stop_stage_runs(job, JobStatus.CANCELLED)
-    # The dispatch task is bookkeeping that reads the job row: revoke it but never kill it mid-write.
+    # A job an earlier version queued has a dispatch task (this version's submit dispatches itself, and leaves the
+    # id empty): bookkeeping that reads the job row, revoked but never killed mid-write.
     _revoke_on_commit([job.celery_task_id], terminate=False)
     return job
 
@@ -177,9 +181,11 @@ def eligible_nodes(job: AdaptationJob, online: list[Node] | None = None) -> list
 
 
 def dispatch_job(job_id: int) -> bool:
-    """Control-plane entry point for a new job: start it and fan out its first stage, in one transaction (a
-    worker killed half-way leaves the job queued for the redelivery or the reconciler, never started with nothing
-    dispatched). False when there was nothing to start (deleted, cancelled, or already dispatched).
+    """Start a job left queued and fan out its first stage, in one transaction (a worker killed half-way leaves the
+    job queued for the redelivery or the reconciler, never started with nothing dispatched). ``submit_job`` starts
+    its jobs itself; a queued one was submitted by an earlier version of d0, which sent the control plane a dispatch
+    message (still taken: protocol.DISPATCH_JOB). False when there was nothing to start (deleted, cancelled, or
+    already started).
 
     Two round trips to PostgreSQL: the job locked and its cluster's online nodes read together, then the stage
     runs, the job's start and the COMMIT together (adaptation/sql.py)."""
@@ -248,7 +254,15 @@ def _advance(job: AdaptationJob, runs: list[StageRun], notes: list[str], online:
 
 
 def _send_run(inserted: sql.Pending, kind: str, params: dict, queue: str, task_id: str) -> None:
-    celery_app().send_task(protocol.RUN_STAGE, args=[inserted.one().pk, kind, params], queue=queue, task_id=task_id)
+    """A committed stage run's message to its node. One the broker would not take (it stayed away past Celery's own
+    retries) would leave the run queued with nothing to run it, for ever: its job fails now, with that reason."""
+    run = inserted.one()
+    try:
+        celery_app().send_task(protocol.RUN_STAGE, args=[run.pk, kind, params], queue=queue, task_id=task_id)
+    except BrokerError as problem:
+        logger.warning("stage run %s could not be sent: %s", run.pk, problem)
+        fail_stage_run(run, f"Stage {kind} could not be sent to {run.node_name}: the message broker did not take it "
+                            f"({problem}). Submit the job again once the broker is back.")
 
 
 def _save_job(job: AdaptationJob, notes: list[str], **fields) -> None:

@@ -1,7 +1,7 @@
 """The job state machine's statements on the path every stage takes, written once as SQL (adaptation/sql.py):
-lock a job with its cluster, read a cluster's online nodes, insert a stage run, end a run, read a job's runs,
-update a job. What they write is the models' own transitions (``StatusTransitions.finished_fields`` and the like);
-what decides a job's next step stays in ``adaptation.jobs.services``.
+insert a job, lock a job with its cluster, read a cluster's online nodes, insert a stage run, end a run, read a
+job's runs, update a job. What they write is the models' own transitions (``StatusTransitions.finished_fields``
+and the like); what decides a job's next step stays in ``adaptation.jobs.services``.
 
 Each returns a ``Pending`` answer, so a caller can send several in one batch and read them after."""
 
@@ -70,6 +70,11 @@ def online_nodes(*, cluster_id: int | None = None, of_job: int | None = None) ->
     """The online nodes of a cluster (or of job ``of_job``'s cluster), by hostname."""
     return send(_online_nodes_sql(of_job is not None), [cluster_id if of_job is None else of_job, NodeStatus.ONLINE],
                 table(Node).reader(NODE_READ))
+
+
+def insert_job(job: AdaptationJob) -> Pending:
+    """A new job; its id is set when the answer is read."""
+    return table(AdaptationJob).insert(job)
 
 
 def insert_run(run: StageRun) -> Pending:

@@ -3,7 +3,7 @@
 import os
 
 from celery import Celery, signals
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 
 from workers.remote_control import CONTROL_COMMANDS, allow_only
 
@@ -23,3 +23,14 @@ def _start_like_a_request(**kwargs) -> None:
     next query opens a new one) and a kept one is health-checked (CONN_HEALTH_CHECKS). Celery's fixup no longer
     closes every connection (CELERY_DB_REUSE_MAX in settings)."""
     close_old_connections()
+
+
+@signals.worker_process_init.connect
+def _no_health_check_per_task(**kwargs) -> None:
+    """A control pool process does not check its kept connection with a ``SELECT 1`` before each task (a round trip
+    on the path of every report, for a failure seen once per database restart): a connection that died in between
+    fails its task's first query; the tasks that apply reports, registrations and dispatches are tried again on
+    that error (workers/control.py), and the next task begins on a new connection (``close_old_connections``
+    replaces one that had an error). Heartbeats, progress and sweeps lose that one message."""
+    for alias in connections:
+        connections[alias].settings_dict["CONN_HEALTH_CHECKS"] = False

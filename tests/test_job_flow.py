@@ -10,7 +10,7 @@ from django.utils import timezone
 from adaptation.clusters import services as clusters
 from adaptation.clusters import trust
 from adaptation.jobs import services as jobs
-from adaptation.models import AdaptationJob, ControlWorker, Node, RejectedNodeMessage, StageRun
+from adaptation.models import AdaptationJob, ControlWorker, EnvReport, Node, RejectedNodeMessage, StageRun
 from workers import protocol, signing
 
 
@@ -349,7 +349,7 @@ def test_the_reconciler_settles_jobs_a_lost_message_left_behind(cluster, owner, 
     broker.sent.clear()
     with django_capture_on_commit_callbacks(execute=True):
         settled = jobs.reconcile_jobs()
-    assert settled == {"dispatched": 1, "advanced": 3, "failed": 1}
+    assert settled == {"dispatched": 1, "resent": 0, "advanced": 3, "failed": 1}
     status = {job.pk: job.status for job in AdaptationJob.objects.all()}
     assert status[lost_dispatch.pk] == "running" and status[fresh.pk] == "queued"
     assert status[lost_finish.pk] == "succeeded"
@@ -361,7 +361,7 @@ def test_the_reconciler_settles_jobs_a_lost_message_left_behind(cluster, owner, 
     assert sorted(task["name"] for task in broker.sent) == [protocol.RUN_STAGE] * 3
     # Once settled, a second sweep finds nothing to do
     with django_capture_on_commit_callbacks(execute=True):
-        assert jobs.reconcile_jobs() == {"dispatched": 0, "advanced": 0, "failed": 0}
+        assert jobs.reconcile_jobs() == {"dispatched": 0, "resent": 0, "advanced": 0, "failed": 0}
 
 
 def test_a_node_restarted_within_its_timeout_fails_the_stage_its_old_worker_was_running(job, node, broker):
@@ -435,3 +435,45 @@ def test_a_registration_with_malformed_finished_runs_is_refused(job, keyed_node,
     assert trust.register(signed_registration(node, key, finished_runs=finished_runs)) is None
     assert RejectedNodeMessage.objects.filter(reason="registration's finished runs are malformed").exists()
     assert StageRun.objects.get(pk=run.pk).status == "running"  # nothing applied
+
+
+def test_a_stage_run_whose_message_never_left_is_sent_again_once_as_it_was(cluster, owner, node, model_spec, broker,
+                                                                          settings, django_capture_on_commit_callbacks):
+    """The process that committed a stage run died before sending its message (a sub-millisecond window after the
+    COMMIT): queued past the reconcile delay on an online node that runs nothing, the run's message is sent once
+    more, same task id, same parameters (a sharded run's rendezvous included). A run queued behind a busy node's
+    stage is left alone: its message waits in the node's queue."""
+    settings.D0_RECONCILE_AFTER = 60
+    second = Node.objects.create(cluster=cluster, hostname="gpu-02", queue_name="q2", last_heartbeat=timezone.now())
+    third = Node.objects.create(cluster=cluster, hostname="gpu-03", queue_name="q3", last_heartbeat=timezone.now())
+    checked = AdaptationJob.objects.create(team=cluster.team, cluster=cluster, stages=["env_check"], status="succeeded")
+    for each in (node, second):  # the pre-flight gate lets a node with a passing env check run sharded_run
+        run = StageRun.objects.create(job=checked, kind="env_check", node=each, node_name=each.hostname,
+                                      status="succeeded")
+        EnvReport.objects.create(node=each, job=checked, stage_run=run, verdict="pass", report={"checks": []})
+    with django_capture_on_commit_callbacks(execute=True):
+        sharded = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, model=model_spec,
+                                  stages=["sharded_run"], parameters={"sharded_run": {"tp": 2, "node_count": 2}})
+        probe = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=["env_probe"],
+                                parameters={"nodes": ["gpu-03"]})
+    first_sent = {task["task_id"]: task for task in broker.sent}
+    assert len(first_sent) == 3
+    broker.sent.clear()
+    StageRun.objects.update(created=timezone.now() - timedelta(seconds=61))  # every message "lost"
+    busy = StageRun.objects.get(job=probe)  # gpu-03 is running something: its queued work waits behind it
+    other = AdaptationJob.objects.create(team=cluster.team, cluster=cluster, stages=["env_probe"], status="running")
+    StageRun.objects.create(job=other, kind="env_probe", node=third, node_name="gpu-03", status="running")
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert jobs.reconcile_jobs()["resent"] == 2
+    runs = list(StageRun.objects.filter(job=sharded).order_by("id"))
+    assert [run.node for run in runs] == [node, second]
+    assert sorted(task["task_id"] for task in broker.sent) == sorted(run.celery_task_id for run in runs)
+    for task in broker.sent:
+        assert task == first_sent[task["task_id"]]  # the same queue, arguments and rendezvous
+    assert StageRun.objects.get(pk=busy.pk).message == ""
+    assert AdaptationJob.objects.get(pk=sharded.pk).log.count("message sent again") == 2
+    broker.sent.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        assert jobs.reconcile_jobs()["resent"] == 0  # once
+    assert broker.sent == []

@@ -10,8 +10,8 @@ transaction that created their rows commits (NetBox's ``Job.enqueue``), and carr
 from __future__ import annotations
 
 import logging
-import secrets
 import uuid
+import zlib
 from collections.abc import Iterable
 from datetime import timedelta
 from functools import partial
@@ -19,7 +19,7 @@ from traceback import format_exc
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Avg, F, FloatField, Subquery, Value
+from django.db.models import Avg, Exists, F, FloatField, OuterRef, Subquery, Value
 from django.db.models.functions import Coalesce, Concat
 from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerError
@@ -324,11 +324,16 @@ def stage_assignments(job: AdaptationJob, kind: str, nodes: list[Node]) -> list[
         raise ValueError(f"a world of {world_size} ranks does not split evenly over {node_count} nodes")
     chosen = nodes[:node_count]
     master = chosen[0].host_facts.get("address") or chosen[0].hostname
-    # The port cannot be checked free on a remote node: a random one from a range torchrun users leave alone
-    # makes two concurrent runs (or two control planes on one host) unlikely to meet.
-    rendezvous = {"master_addr": master, "master_port": 20000 + secrets.randbelow(10000), "world_size": world_size,
+    rendezvous = {"master_addr": master, "master_port": rendezvous_port(job.pk, kind), "world_size": world_size,
                   "nproc_per_node": world_size // node_count}
     return [(node, {**params, "rendezvous": {**rendezvous, "node_rank": rank}}) for rank, node in enumerate(chosen)]
+
+
+def rendezvous_port(job_id: int, kind: str) -> int:
+    """A group stage's rendezvous port, from a range torchrun users leave alone. The port cannot be checked free
+    on a remote node; spread by job id, two concurrent runs (or two control planes on one host) are unlikely to
+    meet. The same whenever the stage's messages are made, so a message sent again matches its ranks'."""
+    return 20000 + (job_id * 7919 + zlib.crc32(kind.encode())) % 10000
 
 
 def _job_progress(job: AdaptationJob, runs: list[StageRun]) -> float:
@@ -481,6 +486,9 @@ def reconcile_jobs() -> dict[str, int]:
 
     - a job still *queued* after ``D0_RECONCILE_AFTER`` seconds: its dispatch message was lost (a consumer killed
       holding it) or waits behind a backlog; it is dispatched here, and a late message finds it started;
+    - a stage run *queued* that long on an online node running nothing: its message never left (the process that
+      committed it died before sending it); it is sent once more, with the same task id (a node runs a task id
+      once: workers/delivered.py) and the same parameters;
     - a *running* job with no stage run active for that long: the control worker died between storing a stage's
       end (or the job's start) and dispatching what comes next; a failed stage fails the job with its reason, else
       the job advances (its next stage, or success).
@@ -488,10 +496,12 @@ def reconcile_jobs() -> dict[str, int]:
     Every step is a guarded transition or ``advance_job`` under the job's row lock, so a sweep that races the real
     message does the work once. Returns how many jobs of each kind were settled."""
     cutoff = timezone.now() - timedelta(seconds=settings.D0_RECONCILE_AFTER)
-    settled = {"dispatched": 0, "advanced": 0, "failed": 0}
+    settled = {"dispatched": 0, "resent": 0, "advanced": 0, "failed": 0}
     for job_id in AdaptationJob.objects.filter(status=JobStatus.QUEUED, created__lt=cutoff).values_list("pk",
                                                                                                        flat=True):
         settled["dispatched"] += dispatch_job(job_id)
+    for run in _runs_that_lost_their_message(cutoff):
+        settled["resent"] += _send_again(run)
     running = AdaptationJob.objects.filter(status=JobStatus.RUNNING, started__lt=cutoff).exclude(
         stage_runs__status__in=list(ACTIVE_STATUSES))
     for job in running.distinct():
@@ -508,6 +518,44 @@ def reconcile_jobs() -> dict[str, int]:
     if any(settled.values()):
         logger.warning("reconciled jobs: %s", settled)
     return settled
+
+
+RESENT = "its message sent again: queued on an idle node past the reconcile delay"
+
+
+def _runs_that_lost_their_message(cutoff):
+    """Stage runs queued since before ``cutoff``, not sent again yet, of a running job, on an online node that runs
+    no stage: a node consumes its queue in order, so an idle one holds no message for them."""
+    busy = StageRun.objects.filter(node=OuterRef("node"), status=JobStatus.RUNNING)
+    return (StageRun.objects.filter(status=JobStatus.QUEUED, created__lt=cutoff, job__status=JobStatus.RUNNING,
+                                    node__status=NodeStatus.ONLINE, message="")
+            .exclude(Exists(busy)).select_related("node"))
+
+
+@transaction.atomic
+def _send_again(run: StageRun) -> bool:
+    """Send a queued stage run's message once more, its parameters made again as its dispatch made them (a group
+    stage's ranks from its runs' nodes in order, its rendezvous port from the job). The job's row is locked first,
+    as on every path that changes a job's runs."""
+    job = statements.locked_job(run.job_id).one()
+    if job is None or job.status != JobStatus.RUNNING:
+        return False
+    if not StageRun.objects.filter(pk=run.pk, status=JobStatus.QUEUED, message="").update(message=RESENT):
+        return False
+    siblings = [other.node for other in StageRun.objects.filter(job_id=job.pk, kind=run.kind).select_related("node")
+                .order_by("id") if other.node is not None]
+    try:
+        params = next(params for node, params in stage_assignments(job, run.kind, siblings) if node.pk == run.node_id)
+    except (ValueError, StopIteration) as problem:
+        fail_stage_run(run, f"Stage {run.kind} on {run.node_name} was never received and cannot be sent again: "
+                            f"{problem or 'its node is no longer in the stage placement'}.")
+        return False
+    AdaptationJob.objects.filter(pk=job.pk).update(log=Concat(F("log"), Value(stamped(
+        f"stage {run.kind} on {run.node_name}: queued past {settings.D0_RECONCILE_AFTER:g}s on an idle node, its "
+        "message sent again"))))
+    transaction.on_commit(partial(celery_app().send_task, protocol.RUN_STAGE, args=[run.pk, run.kind, params],
+                                  queue=run.node.queue_name, task_id=run.celery_task_id))
+    return True
 
 
 def sweep_nodes() -> list[str]:

@@ -254,9 +254,12 @@ def _advance(job: AdaptationJob, runs: list[StageRun], notes: list[str], online:
 
 
 def _send_run(inserted: sql.Pending, kind: str, params: dict, queue: str, task_id: str) -> None:
+    _send_stage(inserted.one(), kind, params, queue, task_id)
+
+
+def _send_stage(run: StageRun, kind: str, params: dict, queue: str, task_id: str) -> None:
     """A committed stage run's message to its node. One the broker would not take (it stayed away past Celery's own
     retries) would leave the run queued with nothing to run it, for ever: its job fails now, with that reason."""
-    run = inserted.one()
     try:
         celery_app().send_task(protocol.RUN_STAGE, args=[run.pk, kind, params], queue=queue, task_id=task_id)
     except BrokerError as problem:
@@ -553,8 +556,7 @@ def _send_again(run: StageRun) -> bool:
     AdaptationJob.objects.filter(pk=job.pk).update(log=Concat(F("log"), Value(stamped(
         f"stage {run.kind} on {run.node_name}: queued past {settings.D0_RECONCILE_AFTER:g}s on an idle node, its "
         "message sent again"))))
-    transaction.on_commit(partial(celery_app().send_task, protocol.RUN_STAGE, args=[run.pk, run.kind, params],
-                                  queue=run.node.queue_name, task_id=run.celery_task_id))
+    transaction.on_commit(partial(_send_stage, run, run.kind, params, run.node.queue_name, run.celery_task_id))
     return True
 
 

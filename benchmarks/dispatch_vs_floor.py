@@ -5,9 +5,9 @@ same chain without its first hop is measured too, interleaved, and both ratios a
 the second is what d0 costs over bare Celery on its own path.
 
 Both run at once on one Redis (and d0 on PostgreSQL): d0's control worker (with its beat) and a node worker, as the
-test harness starts them, beside the floor's two workers. Rounds are interleaved (d0 then floor, floor then d0 on
-odd rounds), after warm-up rounds that are not counted. Each client polls its own "done" mark every millisecond: the
-job row for d0, a Redis key for the floor. Then:
+test harness starts them, beside the floor's two workers. Rounds are interleaved (d0, the floor and the 2-hop
+floor, each first in turn), after warm-up rounds that are not counted. Each client polls its own "done" mark every
+millisecond: the job row for d0, a Redis key for the floor. Then:
 
 - the SQL statements the control plane runs for one single-stage job (submit with its dispatch, the node's started,
   progress and finished reports, signatures checked), counted in this process on the same services;

@@ -19,9 +19,9 @@ allow_only(CONTROL_COMMANDS)
 
 @signals.task_prerun.connect
 def _start_like_a_request(**kwargs) -> None:
-    """Each task begins as a Django request does: a connection older than CONN_MAX_AGE, or broken, is closed (the
-    next query opens a new one) and a kept one is health-checked (CONN_HEALTH_CHECKS). Celery's fixup no longer
-    closes every connection (CELERY_DB_REUSE_MAX in settings)."""
+    """Each task begins as a Django request does: a connection older than CONN_MAX_AGE, or one that had an error,
+    is closed (the next query opens a new one). Celery's fixup no longer closes every connection
+    (CELERY_DB_REUSE_MAX in settings); pool processes skip the per-task health check (below)."""
     close_old_connections()
 
 

@@ -553,9 +553,9 @@ def _send_again(run: StageRun) -> bool:
         fail_stage_run(run, f"Stage {run.kind} on {run.node_name} was never received and cannot be sent again: "
                             f"{problem or 'its node is no longer in the stage placement'}.")
         return False
-    AdaptationJob.objects.filter(pk=job.pk).update(log=Concat(F("log"), Value(stamped(
+    AdaptationJob.objects.filter(pk=job.pk).update(log=log_lines(
         f"stage {run.kind} on {run.node_name}: queued past {settings.D0_RECONCILE_AFTER:g}s on an idle node, its "
-        "message sent again"))))
+        "message sent again"))
     transaction.on_commit(partial(_send_stage, run, run.kind, params, run.node.queue_name, run.celery_task_id))
     return True
 

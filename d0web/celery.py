@@ -5,6 +5,7 @@ import os
 from celery import Celery, signals
 from django.db import close_old_connections, connections
 
+from workers import broker_fix  # noqa: F401 - a broker restart must not stop the control worker
 from workers.remote_control import CONTROL_COMMANDS, allow_only
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "d0web.settings")

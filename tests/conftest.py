@@ -22,6 +22,20 @@ def load_config(name: str) -> dict:
     return json.loads((CONFIGS / name).read_text())
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Marks a test whose call failed (``item.d0_failed``): pytest does not raise a test's failure into its
+    fixtures, so a fixture that prints worker logs for a failure must ask in its teardown."""
+    report = yield
+    if report.when == "call" and report.failed:
+        item.d0_failed = True
+    return report
+
+
+def failed(request) -> bool:
+    return getattr(request.node, "d0_failed", False)
+
+
 def _user(username: str, team: Team, role: str):
     user = get_user_model().objects.create_user(username, password="a-long-test-password")
     Membership.objects.create(team=team, user=user, role=role)
@@ -153,7 +167,7 @@ def database_url() -> str:
 
 
 @pytest.fixture
-def stack(tmp_path, monkeypatch, settings):
+def stack(tmp_path, monkeypatch, settings, request):
     if connection.vendor != "postgresql" or not os.environ.get("REDIS_URL"):
         pytest.skip("needs DATABASE_URL (PostgreSQL) and REDIS_URL, as scripts/test.sh sets")
     stack = WorkerStack(tmp_path, database_url(), os.environ["REDIS_URL"],
@@ -163,10 +177,9 @@ def stack(tmp_path, monkeypatch, settings):
     stack.start_control()
     try:
         yield stack
-    except BaseException:
-        print(stack.logs())
-        raise
     finally:
+        if failed(request):
+            print(stack.logs())
         stack.stop_all()
 
 

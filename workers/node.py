@@ -30,6 +30,7 @@ from pathlib import Path
 from celery import Celery, signals
 from celery.exceptions import SoftTimeLimitExceeded
 
+from . import broker_fix  # noqa: F401 - a broker restart must not stop the node worker
 from . import protocol, signing
 from .engine.envcheck.probe import probe_devices, probe_host
 from .engine.serving.engines import configured_engines, parse_engines

@@ -1,5 +1,7 @@
 """Filters shared by the HTML list pages and the API (NetBox's filtersets.py)."""
 
+import copy
+from functools import lru_cache
 from html import escape
 
 import django_filters
@@ -27,9 +29,28 @@ class StrictBooleanFilter(django_filters.TypedChoiceFilter):
                          coerce=lambda value: value in ("true", "1"), **kwargs)
 
 
+class FiltersOfOneRequest(dict):
+    """A filter set's class-level filters, copied for each request as django-filter does (``deepcopy``), but one level
+    deep: a filter's per-request state (its model, parent, row queryset and form field) is set on the copy, and a
+    deep copy also cloned every queryset in every filter's arguments (0.4 ms of each list request)."""
+
+    def __deepcopy__(self, memo):
+        copies = {}
+        for name, row_filter in self.items():
+            duplicate = copy.copy(row_filter)
+            duplicate.extra = dict(row_filter.extra)  # changed per request (the widget) below
+            duplicate.__dict__.pop("_field", None)  # made on first use, from this request's queryset
+            copies[name] = duplicate
+        return copies
+
+
 class TeamScopedFilterSet(django_filters.FilterSet):
     """Every row choice (``?cluster=``, ``?model=``, ``?job=``…) limited to the requesting user's teams: another
     team's id is "not one of the available choices", exactly like an id that does not exist."""
+
+    @classmethod
+    def get_filters(cls):
+        return FiltersOfOneRequest(super().get_filters())
 
     def __init__(self, data=None, queryset=None, *, request=None, prefix=None):
         super().__init__(data, queryset, request=request, prefix=prefix)
@@ -52,15 +73,21 @@ class RowSelect(forms.Select):
     through a server-side cursor (6 ms of the job list's page at 300 models)."""
 
     def render(self, name, value, attrs=None, renderer=None):
-        chosen = "" if value is None else str(value)
         field, rows = self.choices.field, self.choices.queryset
-        choices = [("", str(field.empty_label))] if field.empty_label is not None else []
-        choices += ((str(key), label) for key, label in rows.values_list("pk", CHOICE_LABELS[rows.model]))
-        # The standard library's escape: Django's gives the same text, marked safe, at a few times the cost.
-        options = "".join(f'<option value="{escape(key)}"{" selected" if key == chosen else ""}>{escape(label)}'
-                          "</option>" for key, label in choices)
+        choices = (("", str(field.empty_label)),) if field.empty_label is not None else ()
+        choices += tuple((str(key), label) for key, label in rows.values_list("pk", CHOICE_LABELS[rows.model]))
+        chosen = '<option value="{}"'.format(escape("" if value is None else str(value)))
+        options = options_html(choices).replace(f"{chosen}>", f"{chosen} selected>", 1)
         return mark_safe(f'<select name="{escape(name)}"{flatatt(self.build_attrs(self.attrs, attrs))}>{options}'
                          "</select>")
+
+
+@lru_cache(maxsize=128)
+def options_html(choices: tuple[tuple[str, str], ...]) -> str:
+    """A select's options, none selected, written once per process for each list of (value, label) pairs: a team's
+    models change rarely and its list pages are read all the time (escaping 300 labels was a tenth of a job list
+    page). The standard library's escape: Django's gives the same text, marked safe, at a few times the cost."""
+    return "".join(f'<option value="{escape(key)}">{escape(label)}</option>' for key, label in choices)
 
 
 def row_choices(model, user):

@@ -72,3 +72,21 @@ def test_the_filter_form_lists_the_teams_rows_escaped_with_the_chosen_one_select
     # Another team's model is not a choice: the form says so and the list is not filtered by it.
     html = signed_in.get(f"/jobs/?model={theirs.pk}").content.decode()
     assert "Select a valid choice" in html
+
+
+def test_the_filter_form_shows_each_requests_own_rows_and_choice(signed_in, odd_rows, outsider, other_team):
+    """The options are written once per list of rows (adaptation/filtersets.py ``options_html``) and the filters
+    copied one level deep per request: a renamed model shows its new name, the choice is this request's, and
+    another team's user, in the same process, sees their rows only."""
+    cluster, model, _, _ = odd_rows
+    signed_in.get(f"/jobs/?model={model.pk}")
+    ModelSpec.objects.filter(pk=model.pk).update(name="renamed")
+    html = signed_in.get("/jobs/").content.decode()
+    assert f'<option value="{model.pk}">renamed</option>' in html and "selected>renamed" not in html
+    theirs = ModelSpec.objects.create(team=other_team, name="theirs", config={"model_type": "llama"})
+    client = Client()
+    client.force_login(outsider)
+    html = client.get(f"/jobs/?model={theirs.pk}").content.decode()
+    assert f'<option value="{theirs.pk}" selected>theirs</option>' in html
+    assert "renamed" not in html and "pod" not in html
+    assert "theirs" not in signed_in.get("/jobs/").content.decode()

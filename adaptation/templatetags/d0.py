@@ -5,7 +5,7 @@ from django import forms, template
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
-from django.utils.timezone import localtime
+from django.utils.timezone import get_current_timezone, localtime
 
 from ..choices import JobStatus
 
@@ -36,6 +36,7 @@ def job_table_rows(jobs, empty) -> str:
     took 2-3 ms of the job list's page and of the dashboard."""
     url = _url_of("job-detail")
     badges = {status: status_badge(status, label) for status, label in JobStatus.choices}
+    zone = get_current_timezone()  # once per table: looked up per row, it cost more than writing the date
     rows = "\n".join(
         f'<tr><td><a href="{url(job["pk"])}">#{job["pk"]}</a></td>'
         f'<td>{escape(", ".join(job["stages"]))}</td><td>{escape(job["cluster_name"])}</td>'
@@ -43,7 +44,7 @@ def job_table_rows(jobs, empty) -> str:
         # A number as HTML reads it (a locale's decimal comma would not be one).
         f'<td><progress max="1" value="{float(job["progress"])!r}"></progress></td>'
         # The date filter's "Y-m-d H:i:s T", at a tenth of its cost.
-        f'<td>{localtime(job["created"]).strftime("%Y-%m-%d %H:%M:%S %Z")}</td>'
+        f'<td>{localtime(job["created"], zone).strftime("%Y-%m-%d %H:%M:%S %Z")}</td>'
         f'<td>{escape(job["submitted_by_name"] or "—")}</td></tr>'
         for job in jobs)
     return mark_safe(rows) if rows else format_html('<tr><td colspan="8" class="empty">{}</td></tr>', empty)
@@ -55,6 +56,7 @@ def model_table_rows(models) -> str:
     written in one pass like ``job_table_rows``: through the template language they were 60% of the page's CPU."""
     rows = []
     detail, coverage_of = _url_of("model-detail"), _url_of("model-coverage")
+    zone = get_current_timezone()
     for spec in models:
         coverage = "—"
         if spec["latest_coverage"] is not None:  # the widthratio tag's rounding
@@ -65,7 +67,7 @@ def model_table_rows(models) -> str:
             f'<td>{billions(spec["total_params"])}</td><td>{billions(spec["active_params"])}</td>'
             f'<td>{escape(spec["shipped_quantization"] or spec["shipped_dtype"] or "—")}</td><td>{coverage}</td>'
             f'<td>{escape(spec["team_name"])}</td><td>{escape(spec["created_by_name"] or "—")}</td>'
-            f'<td>{localtime(spec["created"]).strftime("%Y-%m-%d %H:%M %Z")}</td></tr>')
+            f'<td>{localtime(spec["created"], zone).strftime("%Y-%m-%d %H:%M %Z")}</td></tr>')
     return mark_safe("\n".join(rows)) if rows else mark_safe(
         '<tr><td colspan="9" class="empty">No models yet: upload a released config.json.</td></tr>')
 

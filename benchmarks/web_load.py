@@ -73,6 +73,7 @@ def recreate_database(url: str) -> None:
 
 def seed() -> dict:
     """The rows, bulk-created; returns what the clients need (credentials, ids)."""
+    from django.conf import settings
     from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
     from django.contrib.sessions.backends.db import SessionStore
     from django.core.management import call_command
@@ -149,7 +150,8 @@ def seed() -> dict:
         # What autovacuum does soon after a real load: planner statistics and the visibility map.
         cursor.execute("VACUUM ANALYZE")
     session = SessionStore()
-    session.update({SESSION_KEY: str(user.pk), BACKEND_SESSION_KEY: "django.contrib.auth.backends.ModelBackend",
+    # Signed in as the sign-in page does it: through the backend that checks passwords (the last one).
+    session.update({SESSION_KEY: str(user.pk), BACKEND_SESSION_KEY: settings.AUTHENTICATION_BACKENDS[-1],
                     HASH_SESSION_KEY: user.get_session_auth_hash()})
     session.create()
     ours_jobs = [job for job in jobs if job.team_id == team.pk]

@@ -78,7 +78,8 @@ MIDDLEWARE = [
 # counted per username and address by django-axes; past the limit that pair is locked out for the cool-off,
 # the right password included. django-axes rather than DRF throttles: it covers the HTML login too, keeps the
 # attempts in the database (every web worker sees them) and has an admin page and `axes_reset` to unlock.
-AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+# MemberBackend: Django's ModelBackend reading the user's team ids with the user (adaptation/teams/auth.py).
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "adaptation.teams.auth.MemberBackend"]
 AXES_FAILURE_LIMIT = env_int("D0_LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = timedelta(minutes=env_float("D0_LOGIN_LOCKOUT_MINUTES", 15))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
@@ -185,7 +186,7 @@ X_FRAME_OPTIONS = "DENY"
 REST_FRAMEWORK = {
     # Token first: its WWW-Authenticate header makes an anonymous request a 401 rather than a 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "adaptation.teams.auth.MemberTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

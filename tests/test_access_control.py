@@ -182,3 +182,31 @@ def test_forms_need_a_csrf_token(member, rows):
     client = Client(enforce_csrf_checks=True)
     client.force_login(member)
     assert client.post(f"/jobs/{rows['job']}/cancel/").status_code == 403
+
+
+def test_sign_ins_read_the_users_teams_afresh_on_every_request(rows, member, db):
+    """A session and a token read the user with their team ids in one query (adaptation/teams/auth.py): a
+    membership removed counts at the next request, a deactivated user is signed out of both, and a user of no
+    team still signs in and sees nothing."""
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
+    from adaptation.models import Membership
+
+    page = Client()
+    page.force_login(member)
+    api = APIClient(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=member).key}")
+    assert page.get("/jobs/").status_code == 200 and api.get("/api/clusters/").json()["count"] == 1
+
+    Membership.objects.filter(user=member).delete()
+    assert page.get("/").status_code == 200  # signed in still, of no team
+    assert api.get("/api/clusters/").json()["count"] == 0
+    assert page.get(f"/clusters/{rows['cluster']}/").status_code == 404
+
+    get_user_model().objects.filter(pk=member.pk).update(is_active=False)
+    assert page.get("/").status_code == 302
+    assert api.get("/api/clusters/").status_code == 401
+    Membership.objects.create(team=Cluster.objects.get(pk=rows["cluster"]).team, user=member)
+    assert page.get("/").status_code == 302
+    assert api.get("/api/clusters/").status_code == 401

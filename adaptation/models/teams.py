@@ -28,6 +28,13 @@ def team_ids_of(user) -> tuple[int, ...]:
     return ids
 
 
+def remember_team_ids(user_id: int, ids: tuple[int, ...]) -> None:
+    """``team_ids_of`` for this request, read with the user by the sign-in (adaptation/teams/auth.py)."""
+    cache = _team_ids_this_request.get()
+    if cache is not None:
+        cache[user_id] = ids
+
+
 @receiver(request_started)
 def _start_request_cache(**kwargs):
     _team_ids_this_request.set({})

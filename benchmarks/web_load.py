@@ -73,9 +73,7 @@ def recreate_database(url: str) -> None:
 
 def seed() -> dict:
     """The rows, bulk-created; returns what the clients need (credentials, ids)."""
-    from django.conf import settings
-    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
-    from django.contrib.sessions.backends.db import SessionStore
+    from django.contrib.auth import get_user_model
     from django.core.management import call_command
     from django.db import connection
     from django.utils import timezone
@@ -149,16 +147,33 @@ def seed() -> dict:
                        [now, models[-1].pk])
         # What autovacuum does soon after a real load: planner statistics and the visibility map.
         cursor.execute("VACUUM ANALYZE")
-    session = SessionStore()
-    # Signed in as the sign-in page does it: through the backend that checks passwords (the last one).
-    session.update({SESSION_KEY: str(user.pk), BACKEND_SESSION_KEY: settings.AUTHENTICATION_BACKENDS[-1],
-                    HASH_SESSION_KEY: user.get_session_auth_hash()})
-    session.create()
     ours_jobs = [job for job in jobs if job.team_id == team.pk]
-    return {"session": session.session_key, "token": Token.objects.create(user=user).key,
+    return {"user": user.pk, "token": Token.objects.create(user=user).key,
             "finished_job": next(job.pk for job in reversed(ours_jobs) if job.status == "succeeded"),
             "running_job": next(job.pk for job in reversed(ours_jobs) if job.status == "running"),
             "team_jobs": len(ours_jobs)}
+
+
+# A session of a user, signed in as the sign-in page does it: through the settings' last backend (the one that
+# checks passwords), whose path the session keeps. Made by each checkout for itself (``session_of``): each version
+# names its own backend, and a session naming one a version does not list is no session there.
+SIGN_IN = """
+from django.conf import settings
+from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
+from django.contrib.sessions.backends.db import SessionStore
+user = get_user_model().objects.get(pk=USER)
+session = SessionStore()
+session.update({SESSION_KEY: str(user.pk), BACKEND_SESSION_KEY: settings.AUTHENTICATION_BACKENDS[-1],
+                HASH_SESSION_KEY: user.get_session_auth_hash()})
+session.create()
+"""
+
+
+def session_of(checkout: str, user_id: int, env: dict) -> str:
+    """A session of ``user_id`` made by the checkout of d0 in ``checkout``."""
+    code = f"import django; django.setup(); USER = {int(user_id)}\n{SIGN_IN}\nprint(session.session_key)"
+    return subprocess.run([sys.executable, "-c", code], cwd=checkout, env=env, check=True, capture_output=True,
+                          text=True).stdout.split()[-1]
 
 
 def endpoints(seeded: dict) -> dict[str, tuple[str, dict]]:
@@ -321,19 +336,20 @@ def main():
               f"runs, {MODELS} models in {time.perf_counter() - started:.0f} s; {args.clients} clients, at most "
               f"{args.requests} requests or {args.seconds:g} s per endpoint per round, {args.rounds} rounds, "
               f"{os.cpu_count()} CPUs\n")
-        targets = endpoints(seeded)
+        targets = {name: endpoints({**seeded, "session": session_of(name.partition("@")[2] or ROOT, seeded["user"],
+                                                                      env)}) for name in chosen}
         database = urlsplit(args.database_url).path.lstrip("/")
         results = {name: {endpoint: {"latencies": [], "seconds": 0.0, "failures": [], "cpu": 0.0, "database_cpu": 0.0}
-                          for endpoint in targets} for name in chosen}
+                          for endpoint in targets[name]} for name in chosen}
         pss = {}
         for round_number in range(args.rounds):
             for name in (chosen if round_number % 2 == 0 else chosen[::-1]):
                 server = Server(name, env, var / f"gunicorn-{name.replace('/', '_')}.log")
                 try:
                     wait_for(server.answers, 60, f"gunicorn ({name})", interval=0.1)
-                    for path, headers in targets.values():  # every worker's first requests are not counted
+                    for path, headers in targets[name].values():  # every worker's first requests are not counted
                         load(server.port, path, headers, args.clients, 2 * args.clients, 10)
-                    for endpoint, (path, headers) in targets.items():
+                    for endpoint, (path, headers) in targets[name].items():
                         cpu, database_cpu = server.cpu_seconds(), database_cpu_seconds(database)
                         measured = load(server.port, path, headers, args.clients, args.requests, args.seconds)
                         total = results[name][endpoint]

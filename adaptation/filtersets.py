@@ -44,6 +44,15 @@ class FiltersOfOneRequest(dict):
         return copies
 
 
+class FieldsOfOneForm(dict):
+    """The fields of a filter form's class, which django-filter makes anew for each filter set (``get_form_class``)
+    from that filter set's own fields: the form need not deep-copy them (Django's forms copy their class's fields,
+    querysets and widgets and all, because a class usually serves every request)."""
+
+    def __deepcopy__(self, memo):
+        return dict(self)
+
+
 class TeamScopedFilterSet(django_filters.FilterSet):
     """Every row choice (``?cluster=``, ``?model=``, ``?job=``…) limited to the requesting user's teams: another
     team's id is "not one of the available choices", exactly like an id that does not exist."""
@@ -60,6 +69,11 @@ class TeamScopedFilterSet(django_filters.FilterSet):
                 row_filter.queryset = row_choices(row_filter.queryset.model, user)
             if type(row_filter) is django_filters.ModelChoiceFilter and row_filter.queryset.model in CHOICE_LABELS:
                 row_filter.extra["widget"] = RowSelect
+
+    def get_form_class(self):
+        form_class = super().get_form_class()
+        form_class.base_fields = FieldsOfOneForm(form_class.base_fields)
+        return form_class
 
 
 # The column a row choice is labelled with (its __str__), for the choices the HTML filter forms list: every model

@@ -181,6 +181,8 @@ SILENCED_SYSTEM_CHECKS = [] if SECURE_HSTS_PRELOAD else ["security.W021"]
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("D0_BEHIND_TLS_PROXY", False) else None
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SESSION_COOKIE_HTTPONLY = True
+# Django's database sessions, read through SQL written once (adaptation/teams/sessions.py).
+SESSION_ENGINE = "adaptation.teams.sessions"
 X_FRAME_OPTIONS = "DENY"
 
 REST_FRAMEWORK = {

@@ -210,3 +210,28 @@ def test_sign_ins_read_the_users_teams_afresh_on_every_request(rows, member, db)
     Membership.objects.create(team=Cluster.objects.get(pk=rows["cluster"]).team, user=member)
     assert page.get("/").status_code == 302
     assert api.get("/api/clusters/").status_code == 401
+
+
+def test_a_session_ends_with_its_sign_out_and_its_expiry(member):
+    """Sessions are Django's database sessions read through SQL of d0's own (adaptation/teams/sessions.py): a
+    session signed out, or past its expiry, is no session; a signed-in one lasts across requests."""
+    from datetime import timedelta
+
+    from django.contrib.sessions.models import Session
+    from django.utils import timezone
+
+    client = Client()
+    assert client.post("/login/", {"username": member.username, "password": "a-long-test-password"}
+                       ).status_code == 302
+    assert client.get("/jobs/").status_code == 200 and client.get("/").status_code == 200
+    stolen = client.cookies["sessionid"].value
+    client.post("/logout/")
+    assert client.get("/jobs/").status_code == 302
+    replayed = Client()
+    replayed.cookies["sessionid"] = stolen
+    assert replayed.get("/jobs/").status_code == 302
+
+    assert client.post("/login/", {"username": member.username, "password": "a-long-test-password"}
+                       ).status_code == 302
+    Session.objects.update(expire_date=timezone.now() - timedelta(seconds=1))
+    assert client.get("/jobs/").status_code == 302

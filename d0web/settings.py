@@ -18,7 +18,8 @@ from . import embedded_broker
 from .env import database_from_url, env_bool, env_float, env_int, env_list, env_str, sqlite_database
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(env_str("D0_VAR_DIR", str(BASE_DIR / "var")))
+# An empty D0_VAR_DIR is unset, not the working directory (where the zero-setup secret key would then be written).
+VAR_DIR = Path(env_str("D0_VAR_DIR") or BASE_DIR / "var")
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 

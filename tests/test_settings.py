@@ -4,6 +4,7 @@ import os
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -82,3 +83,13 @@ def test_the_default_settings_fail_check_deploy_loudly(tmp_path):
                             timeout=120)
     assert result.returncode != 0
     assert "SECURE_HSTS_SECONDS" in result.stderr + result.stdout
+
+
+def test_an_empty_var_dir_is_the_default_not_the_working_directory(tmp_path):
+    result = subprocess.run([sys.executable, "-c", "import django; django.setup(); from django.conf import settings; "
+                             "print(settings.VAR_DIR)"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "D0_VAR_DIR": "", "DJANGO_SETTINGS_MODULE": "d0web.settings",
+                                 "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(Path(__file__).resolve().parent.parent / "var")
+    assert not list(tmp_path.iterdir())

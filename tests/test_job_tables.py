@@ -90,3 +90,17 @@ def test_the_filter_form_shows_each_requests_own_rows_and_choice(signed_in, odd_
     assert f'<option value="{theirs.pk}" selected>theirs</option>' in html
     assert "renamed" not in html and "pod" not in html
     assert "theirs" not in signed_in.get("/jobs/").content.decode()
+
+
+def test_the_filter_forms_selects_keep_their_models_order(signed_in, team, owner, other_team):
+    """The selects' rows are read through SQL of d0's own (adaptation/filtersets.py ``row_labels``), in each model's
+    order: clusters by name, models newest first; only the user's teams' rows."""
+    for name in ("b-pod", "c-pod", "a-pod"):
+        Cluster.objects.create(team=team, name=name)
+    Cluster.objects.create(team=other_team, name="0-theirs")
+    for name in ("older", "newer"):
+        ModelSpec.objects.create(team=team, name=name, config={"model_type": "llama"}, created_by=owner)
+    html = signed_in.get("/jobs/").content.decode()
+    assert html.index(">a-pod<") < html.index(">b-pod<") < html.index(">c-pod<")
+    assert html.index(">newer<") < html.index(">older<")
+    assert "0-theirs" not in html

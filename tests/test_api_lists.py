@@ -96,7 +96,7 @@ def test_job_lists_scope_by_team_ids_without_distinct_or_model_configs(member_ap
             assert fetch().status_code == 200
         statements = [query["sql"] for query in captured.captured_queries]
         assert not [sql for sql in statements if "DISTINCT" in sql]
-        # The memberships are read once, on their own; no list joins them.
+        # The memberships are read once (with the user, at sign-in); no list joins them.
         assert len([sql for sql in statements if "adaptation_membership" in sql]) == 1
         assert not [sql for sql in statements if '"adaptation_modelspec"."config"' in sql]
     # The filter form still lists the team's models, by name.

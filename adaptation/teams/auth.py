@@ -8,6 +8,7 @@ the ORM, building these statements anew cost about as much CPU as running them. 
 ORM's own converters (``Table.reader``), so the checks after (active user, session hash) are Django's own.
 """
 
+from collections.abc import Callable
 from functools import cache
 
 from django.contrib.auth import get_user_model
@@ -24,7 +25,7 @@ from ..models.teams import remember_team_ids
 
 
 @cache
-def _statement(by: type) -> tuple[str, list, callable, callable]:
+def _statement(by: type) -> tuple[str, int, Callable, Callable | None]:
     """The SQL reading the user (``by`` User: by their id) or the token and its user (``by`` Token: by its key),
     with one row per membership; and readers of a row's user and token."""
     users, memberships = sql.table(get_user_model()), sql.table(Membership)

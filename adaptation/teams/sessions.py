@@ -2,6 +2,7 @@
 through the ORM, building that one-row query cost about as much CPU as running it. Same table, same signed data:
 the class keeps Django's name, which is part of the salt its session data is signed with."""
 
+from collections.abc import Callable
 from functools import cache
 
 from django.contrib.sessions.backends.db import SessionStore as DatabaseSessionStore
@@ -12,7 +13,7 @@ from .. import sql
 
 
 @cache
-def _read(model) -> tuple[str, callable]:
+def _read(model) -> tuple[str, Callable]:
     sessions = sql.table(model)
     fields = list(sessions.fields)
     return (f"SELECT {sessions.columns(fields)} FROM {sessions.name} WHERE {sessions.column('session_key')} = %s "

@@ -67,7 +67,7 @@ class MemberBackend(ModelBackend):
             return None
         if found is None:
             return None
-        user, _ = found
+        user = found[0]  # (not ``user, _``: ``_`` is this module's gettext)
         return user if self.user_can_authenticate(user) else None
 
 

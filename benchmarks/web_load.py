@@ -339,7 +339,8 @@ def main():
         targets = {name: endpoints({**seeded, "session": session_of(name.partition("@")[2] or ROOT, seeded["user"],
                                                                       env)}) for name in chosen}
         database = urlsplit(args.database_url).path.lstrip("/")
-        results = {name: {endpoint: {"latencies": [], "seconds": 0.0, "failures": [], "cpu": 0.0, "database_cpu": 0.0}
+        results = {name: {endpoint: {"latencies": [], "seconds": 0.0, "failures": [], "cpu": 0.0, "database_cpu": 0.0,
+                                      "client_cpu": 0.0}
                           for endpoint in targets[name]} for name in chosen}
         pss = {}
         for round_number in range(args.rounds):
@@ -351,8 +352,10 @@ def main():
                         load(server.port, path, headers, args.clients, 2 * args.clients, 10)
                     for endpoint, (path, headers) in targets[name].items():
                         cpu, database_cpu = server.cpu_seconds(), database_cpu_seconds(database)
+                        client_cpu = time.process_time()
                         measured = load(server.port, path, headers, args.clients, args.requests, args.seconds)
                         total = results[name][endpoint]
+                        total["client_cpu"] += time.process_time() - client_cpu
                         total["cpu"] += server.cpu_seconds() - cpu
                         total["database_cpu"] += database_cpu_since(database, database_cpu)
                         total["latencies"] += measured["latencies"]
@@ -365,13 +368,14 @@ def main():
             setting, _, checkout = name.partition("@")
             print(f"## {name}: gunicorn {' '.join(SETTINGS[setting])}" + (f" (from {checkout})" if checkout else ""))
             print(f"{'endpoint':<30} {'requests':>8} {'p50 ms':>8} {'p95 ms':>8} {'req/s':>7} {'non-200':>7} "
-                  f"{'CPU ms/req':>10} {'PG CPU ms/req':>13}")
+                  f"{'CPU ms/req':>10} {'PG CPU ms/req':>13} {'client CPU':>10}")
             for endpoint, total in results[name].items():
                 latencies = total["latencies"]
                 print(f"{endpoint:<30} {len(latencies):>8} {percentile(latencies, 50) * 1000:>8.1f} "
                       f"{percentile(latencies, 95) * 1000:>8.1f} {len(latencies) / total['seconds']:>7.1f} "
                       f"{len(total['failures']):>7} {total['cpu'] / len(latencies) * 1000:>10.1f} "
-                      f"{total['database_cpu'] / len(latencies) * 1000:>13.1f}")
+                      f"{total['database_cpu'] / len(latencies) * 1000:>13.1f} "
+                      f"{total['client_cpu'] / len(latencies) * 1000:>10.1f}")
             worst = max(percentile(total["latencies"], 95) for total in results[name].values())
             print(f"worst p95 {worst * 1000:.0f} ms (goal < 200 ms); worker PSS after the load: "
                   + ", ".join(f"{value:.0f} MiB" for value in pss[name]) + "\n")

@@ -235,3 +235,43 @@ def test_a_session_ends_with_its_sign_out_and_its_expiry(member):
                        ).status_code == 302
     Session.objects.update(expire_date=timezone.now() - timedelta(seconds=1))
     assert client.get("/jobs/").status_code == 302
+
+
+def test_a_session_naming_a_user_id_past_the_databases_integers_is_signed_out_not_an_error(db):
+    """A session whose user id is past the database's integers (SQLite raises OverflowError binding it) is no
+    sign-in: the login page, as Django's own backend answers, never a 500. (Session data is signed: only d0 writes
+    it; this is the backend's contract, not an attack path.)"""
+    from importlib import import_module
+
+    from django.conf import settings
+    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
+
+    session = import_module(settings.SESSION_ENGINE).SessionStore()
+    session.update({SESSION_KEY: str(10**30), BACKEND_SESSION_KEY: settings.AUTHENTICATION_BACKENDS[-1],
+                    HASH_SESSION_KEY: "0" * 64})
+    session.create()
+    client = Client()
+    client.cookies[settings.SESSION_COOKIE_NAME] = session.session_key
+    assert client.get("/jobs/").status_code == 302
+
+
+def test_team_ids_read_in_a_request_follow_memberships_changed_through_the_many_to_many(rows, member, db):
+    """``team.members.add/remove/clear`` send no save signal: the ids remembered for the request are dropped all the
+    same, so a team added or removed that way counts in the same request."""
+    from django.core.signals import request_finished, request_started
+
+    from adaptation.models.teams import Team, team_ids_of
+
+    team = Cluster.objects.get(pk=rows["cluster"]).team
+    other = Team.objects.create(name="another-team", slug="another-team")
+    request_started.send(sender=None)
+    try:
+        assert team_ids_of(member) == (team.pk,)
+        other.members.add(member)
+        assert sorted(team_ids_of(member)) == sorted([team.pk, other.pk])
+        team.members.remove(member)
+        assert team_ids_of(member) == (other.pk,)
+        member.teams.clear()
+        assert team_ids_of(member) == ()
+    finally:
+        request_finished.send(sender=None)

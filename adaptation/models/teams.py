@@ -3,7 +3,7 @@ from contextvars import ContextVar
 from django.conf import settings
 from django.core.signals import request_finished, request_started
 from django.db import models
-from django.db.models.signals import post_delete, post_save
+from django.db.models.signals import m2m_changed, post_delete, post_save
 from django.dispatch import receiver
 
 from ..choices import TeamRole
@@ -101,3 +101,12 @@ def _forget_team_ids(instance, **kwargs):
     cache = _team_ids_this_request.get()
     if cache is not None:
         cache.pop(instance.user_id, None)
+
+
+@receiver(m2m_changed, sender=Membership)
+def _forget_all_team_ids(**kwargs):
+    """Memberships changed through ``team.members`` or ``user.teams`` (add, remove, set, clear send no save
+    signal, and may name many users): every user's ids are read again."""
+    cache = _team_ids_this_request.get()
+    if cache is not None:
+        cache.clear()

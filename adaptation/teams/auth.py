@@ -63,7 +63,7 @@ class MemberBackend(ModelBackend):
     def get_user(self, user_id):
         try:
             found = _member(get_user_model(), get_user_model()._meta.pk.to_python(user_id))
-        except ValidationError:  # not a user id (Django's get_user answers None too)
+        except (ValidationError, OverflowError):  # not a user id, or past SQLite's integers: no user, as the ORM says
             return None
         if found is None:
             return None

@@ -6,6 +6,9 @@ reads the user (or the token and its user) with their memberships' team ids (LEF
 too), written once from the models' metadata like the control plane's hot statements (adaptation/sql.py): through
 the ORM, building these statements anew cost about as much CPU as running them. Rows become instances through the
 ORM's own converters (``Table.reader``), so the checks after (active user, session hash) are Django's own.
+
+The statement reads the user table itself, as Django's stock ``User._default_manager`` does (no filtering manager,
+one database, no router): a user model with a manager that hides rows (soft deletion) would need its filter here.
 """
 
 from collections.abc import Callable

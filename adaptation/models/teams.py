@@ -95,18 +95,11 @@ class TeamOwnedQuerySet(models.QuerySet):
         return self.filter(**{f"{self.team_path}__in": team_ids_of(user)})
 
 
-@receiver([post_save, post_delete], sender=Membership)
-def _forget_team_ids(instance, **kwargs):
-    """A membership made or removed during a request (a new team, a member removed) counts at once."""
-    cache = _team_ids_this_request.get()
-    if cache is not None:
-        cache.pop(instance.user_id, None)
-
-
-@receiver(m2m_changed, sender=Membership)
-def _forget_all_team_ids(**kwargs):
-    """Memberships changed through ``team.members`` or ``user.teams`` (add, remove, set, clear send no save
-    signal, and may name many users): every user's ids are read again."""
+@receiver([post_save, post_delete, m2m_changed], sender=Membership)
+def _forget_team_ids(**kwargs):
+    """A membership made or removed during a request (a new team, a member removed; through ``team.members`` or
+    ``user.teams`` too, which send no save signal and may name many users) counts at once: every user's ids are
+    read again. Memberships change rarely; dropping all costs nothing."""
     cache = _team_ids_this_request.get()
     if cache is not None:
         cache.clear()

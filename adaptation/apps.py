@@ -8,3 +8,7 @@ class AdaptationConfig(AppConfig):
 
     def ready(self):
         from d0web import checks  # noqa: F401 - registers d0's deployment checks
+
+        from . import stages
+
+        stages.discover()

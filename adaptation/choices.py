@@ -2,8 +2,6 @@
 
 from django.db import models
 
-from workers.engine.stages import STAGE_KINDS
-
 
 class TeamRole(models.TextChoices):
     ADMIN = "admin", "Admin"
@@ -65,8 +63,3 @@ STATUS_COLOURS = {
     CheckVerdict.WARN: "orange",
     CheckVerdict.FAIL: "red",
 }
-
-# Stage kinds are defined by the engine (what a node can run); the database only names them.
-StageKind = models.TextChoices(
-    "StageKind", [(kind.upper(), (kind, kind.replace("_", " ").capitalize())) for kind in STAGE_KINDS]
-)

@@ -8,7 +8,7 @@ rounds, so load spikes and disk-cache warm-up hit both alike, and each round giv
 median of those ratios is the figure, and the ratio of CPU seconds (user + system, from ``wait4``) is printed next
 to it because it moves less than wall time when the machine is shared. Peak RSS is each child's ``ru_maxrss``.
 accelerate gets the config already resolved to DeepseekV3Config: without d0 it would need ``trust_remote_code`` to
-read a ``kimi_k2`` config at all. Goal (issue 16 item 7): d0 <= 0.6x accelerate. Figures are printed, not asserted.
+read a ``kimi_k2`` config at all. Goal: d0 <= 0.6x accelerate. Figures are printed, not asserted.
 
     python benchmarks/analyze_speed.py [--config adaptation/intake/catalog/configs/kimi-k2-instruct.json] [--rounds 5]
 """

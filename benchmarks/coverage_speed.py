@@ -4,7 +4,7 @@ the torch.compile check, as ``python -m workers.engine coverage`` runs them.
 Prints one row per model (by default every config in the catalog, adaptation/intake/catalog/configs) with the
 reduced size, the operators traced, each step's wall time, the run's CPU time (user + system, which moves less than
 wall time on a shared machine) and the coverage, after one cold run (transformers' lazy imports, first kernel
-launches) that is reported on its own line and not in the table. Goal (issue 16 item 7): under 10 s per model.
+launches) that is reported on its own line and not in the table. Goal: under 10 s per model.
 
     python benchmarks/coverage_speed.py [--dtype bf16] [--device cpu] [--no-compile] [CONFIG.json ...]
 """

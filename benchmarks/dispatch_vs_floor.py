@@ -1,6 +1,6 @@
 """Dispatch cost: an env_probe job's submit → succeeded against the floor, a bare Celery chain (client → control →
-node → control: the hops issue 15 set, which d0 had then) with the same worker settings but no Django
-(benchmarks/floor_chain.py). d0's submit now dispatches the first stage itself (client → node → control), so the
+node → control: the hops of a job dispatched through the control plane) with the same worker settings but no
+Django (benchmarks/floor_chain.py). d0's submit dispatches the first stage itself (client → node → control), so the
 same chain without its first hop is measured too, interleaved, and both ratios are printed: the goal is the first,
 the second is what d0 costs over bare Celery on its own path.
 
@@ -108,8 +108,8 @@ def d0_round(team, user, cluster, windows: list | None = None) -> float:
 
 def traced_steps(trace_dir: Path, windows: list[tuple[float, float]]) -> list[tuple[str, float]]:
     """The median milliseconds from each d0 task event to the next within the rounds' windows (submit to the
-    client's last poll), in the order they happen; the job's own events only (no heartbeat or sweep)."""
-    job_tasks = {protocol.DISPATCH_JOB, protocol.RUN_STAGE, protocol.STAGE_STARTED, protocol.STAGE_PROGRESS,
+    client's last poll), in the order they happen; the job's own events only (no heartbeat or liveness check)."""
+    job_tasks = {protocol.RUN_STAGE, protocol.STAGE_STARTED, protocol.STAGE_PROGRESS,
                  protocol.STAGE_FINISHED}
     events = sorted((float(when), f"{event} {name.rpartition('.')[2]}")
                     for path in trace_dir.glob("*.log") for when, event, name in

@@ -3,7 +3,7 @@
 figure each check's value and the max/min ratio across the checks, and each check's own spread (the max/min of the
 repetitions its median came from).
 
-Goal (issue 16, acceptance 5): every figure's max/min across the checks at most 1.5x on an idle node. It is
+Goal: every figure's max/min across the checks at most 1.5x on an idle node. It is
 printed, not asserted: on a node other work shares, the figures move with that work, and the within-check spread
 shows how much.
 

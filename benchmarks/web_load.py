@@ -16,7 +16,7 @@ HEAD~3``), so that a change is measured against what it replaces in the same run
                                   [--database-url postgres://postgres@127.0.0.1:5432/d0_web_load]
                                   [--broker redis://127.0.0.1:6379/13] [--settings production,sync-2,...]
 
-Loopback only. Goal (issue 15): every endpoint's p95 under 200 ms with the production setting.
+Loopback only. Goal: every endpoint's p95 under 200 ms with the production setting.
 """
 
 import argparse

@@ -1,4 +1,4 @@
-"""What keeping torch and transformers out of the web tier saves, and what it costs an upload (issue 15).
+"""What keeping torch and transformers out of the web tier saves, and what it costs an upload.
 
 1. A web process after ``django.setup()`` and importing the URLconf, in fresh subprocesses: wall time, RSS and PSS
    (``/proc/self/smaps_rollup``), as d0 is now next to the same process that also imports torch and transformers

@@ -1,11 +1,11 @@
 """gunicorn's settings for d0's web tier: `gunicorn --config d0web/gunicorn.conf.py d0web.wsgi` (`manage.py up` and
-docker-compose.yml run it so). Chosen with benchmarks/web_load.py (README, "The web tier"); options given on the
-command line or in GUNICORN_CMD_ARGS (e.g. `--workers 8` on a bigger host) override these."""
+docker-compose.yml run it so). Chosen with benchmarks/web_load.py (docs/deployment.md, "The web tier"); options
+given on the command line or in GUNICORN_CMD_ARGS (e.g. `--workers 8` on a bigger host) override these."""
 
 # Sync workers: every request is short (the live pages poll their progress JSON; nothing streams), and on a quiet
 # 2-core machine with 20 clients sync processes kept every endpoint's p95 at 90-130 ms where gthread (2 x 4 or
-# 4 x 4) let single requests wait 200-260 ms behind the other threads of their process (docs/benchmarks/web-load.md,
-# stop 22). Four, so that two slow requests (a config upload waiting on its analysis) still leave two serving.
+# 4 x 4) let single requests wait 200-260 ms behind the other threads of their process (docs/benchmarks/web-load.md).
+# Four, so that two slow requests (a config upload waiting on its analysis) still leave two serving.
 worker_class = "sync"
 workers = 4
 # A request may wait on a config's analysis for D0_ANALYSIS_TIMEOUT_S (60 s by default); a sync worker that takes

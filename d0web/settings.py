@@ -11,7 +11,7 @@ import secrets
 from datetime import timedelta
 from pathlib import Path
 
-from workers.protocol import SWEEP_NODES, control_queue
+from workers.protocol import CHECK_LIVENESS, control_queue
 
 from . import embedded_broker
 
@@ -79,8 +79,7 @@ MIDDLEWARE = [
 # counted per username and address by django-axes; past the limit that pair is locked out for the cool-off,
 # the right password included. django-axes rather than DRF throttles: it covers the HTML login too, keeps the
 # attempts in the database (every web worker sees them) and has an admin page and `axes_reset` to unlock.
-# MemberBackend: Django's ModelBackend reading the user's team ids with the user (adaptation/teams/auth.py).
-AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "adaptation.teams.auth.MemberBackend"]
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
 AXES_FAILURE_LIMIT = env_int("D0_LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = timedelta(minutes=env_float("D0_LOGIN_LOCKOUT_MINUTES", 15))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
@@ -182,14 +181,13 @@ SILENCED_SYSTEM_CHECKS = [] if SECURE_HSTS_PRELOAD else ["security.W021"]
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("D0_BEHIND_TLS_PROXY", False) else None
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SESSION_COOKIE_HTTPONLY = True
-# Django's database sessions, read through SQL written once (adaptation/teams/sessions.py).
-SESSION_ENGINE = "adaptation.teams.sessions"
+SESSION_ENGINE = "django.contrib.sessions.backends.db"
 X_FRAME_OPTIONS = "DENY"
 
 REST_FRAMEWORK = {
     # Token first: its WWW-Authenticate header makes an anonymous request a 401 rather than a 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "adaptation.teams.auth.MemberTokenAuthentication",
+        "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -223,7 +221,7 @@ SPECTACULAR_SETTINGS = {
         "DeviceKindEnum": "adaptation.choices.DeviceKind",
         "NodeStatusEnum": "adaptation.choices.NodeStatus",
         "JobStatusEnum": "adaptation.choices.JobStatus",
-        "StageKindEnum": "adaptation.choices.StageKind",
+        "StageKindEnum": "adaptation.stages.choices",
     },
 }
 
@@ -264,10 +262,12 @@ CELERY_DB_REUSE_MAX = 10_000
 # Node liveness: nodes send a heartbeat every interval; a node silent for the timeout is marked offline.
 D0_HEARTBEAT_INTERVAL = env_float("D0_HEARTBEAT_INTERVAL", 10.0)
 D0_NODE_TIMEOUT = env_float("D0_NODE_TIMEOUT", 45.0)
-D0_SWEEP_INTERVAL = env_float("D0_SWEEP_INTERVAL", 10.0)
+# How often the control plane checks liveness (adaptation/jobs/recovery.py). D0_SWEEP_INTERVAL, its old name, is
+# still read when the new one is not set (deprecated).
+D0_LIVENESS_INTERVAL = env_float("D0_LIVENESS_INTERVAL", env_float("D0_SWEEP_INTERVAL", 10.0))
 # A stage running longer than this lost its report (the node's own limit is D0_STAGE_SOFT_TIME_LIMIT, 6 h).
 D0_STAGE_TIMEOUT = env_float("D0_STAGE_TIMEOUT", 6 * 3600 + 600)
-# A job queued this long, or running this long with no stage active, lost a message: the sweep settles it.
+# A job queued this long, or running this long with no stage active, lost a message: the liveness check settles it.
 D0_RECONCILE_AFTER = env_float("D0_RECONCILE_AFTER", 60.0)
 # Node trust: how long a join token lasts unless its maker says otherwise, and how old a registration, heartbeat
 # or leave may be before a stale one is counted as a replay (workers/signing.py, adaptation/clusters/trust.py).
@@ -275,8 +275,11 @@ D0_JOIN_TOKEN_HOURS = env_float("D0_JOIN_TOKEN_HOURS", 24.0)
 D0_NODE_MESSAGE_MAX_AGE = env_float("D0_NODE_MESSAGE_MAX_AGE", 300.0)
 # Pre-flight gate: gated stages need an env check of the node no older than this.
 D0_PREFLIGHT_MAX_AGE_HOURS = env_float("D0_PREFLIGHT_MAX_AGE_HOURS", 24.0)
+# Modules with stage handlers of a deployment's own (adaptation/stages.py), beside each capability's stage.py; the
+# engine side of such a kind is named by D0_STAGE_MODULES on the nodes and here (workers/engine/stages.py).
+D0_STAGE_HANDLERS = env_list("D0_STAGE_HANDLERS", [])
 CELERY_BEAT_SCHEDULE = {
-    "sweep-nodes": {"task": SWEEP_NODES, "schedule": D0_SWEEP_INTERVAL},
+    "check-liveness": {"task": CHECK_LIVENESS, "schedule": D0_LIVENESS_INTERVAL},
 }
 
 LOGGING = {

@@ -6,7 +6,7 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
-    path("api/", include("adaptation.api.urls")),
+    path("api/", include("adaptation.api_urls")),
     path("", include("adaptation.urls")),
 ]
 

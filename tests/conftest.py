@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
+from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from adaptation.choices import TeamRole
@@ -68,10 +69,13 @@ def outsider(other_team):
 
 
 def _client(user=None):
-    client = APIClient()
-    if user is not None:
-        client.force_authenticate(user)
-    return client
+    """An API client signed in as automation signs in, with the user's token: each request reads its user afresh,
+    as in production (DRF's force_authenticate hands every request the same user object, on which what a request
+    keeps, such as the user's team ids, would outlive the request)."""
+    if user is None:
+        return APIClient()
+    token, _ = Token.objects.get_or_create(user=user)
+    return APIClient(HTTP_AUTHORIZATION=f"Token {token.key}")
 
 
 @pytest.fixture
@@ -171,7 +175,7 @@ def stack(tmp_path, monkeypatch, settings, request):
     if connection.vendor != "postgresql" or not os.environ.get("REDIS_URL"):
         pytest.skip("needs DATABASE_URL (PostgreSQL) and REDIS_URL, as scripts/test.sh sets")
     stack = WorkerStack(tmp_path, database_url(), os.environ["REDIS_URL"],
-                        D0_NODE_TIMEOUT=4, D0_SWEEP_INTERVAL=1)
+                        D0_NODE_TIMEOUT=4, D0_LIVENESS_INTERVAL=1)
     # This process enqueues jobs too: it must use the stack's queue names.
     monkeypatch.setenv("D0_CONTROL_QUEUE", stack.control_queue)
     stack.start_control()

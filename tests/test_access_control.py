@@ -185,9 +185,9 @@ def test_forms_need_a_csrf_token(member, rows):
 
 
 def test_sign_ins_read_the_users_teams_afresh_on_every_request(rows, member, db):
-    """A session and a token read the user with their team ids in one query (adaptation/teams/auth.py): a
-    membership removed counts at the next request, a deactivated user is signed out of both, and a user of no
-    team still signs in and sees nothing."""
+    """A session and a token read the user, and so their team ids, afresh on every request: a membership removed
+    counts at the next request, a deactivated user is signed out of both, and a user of no team still signs in and
+    sees nothing."""
     from django.contrib.auth import get_user_model
     from rest_framework.authtoken.models import Token
     from rest_framework.test import APIClient
@@ -213,8 +213,8 @@ def test_sign_ins_read_the_users_teams_afresh_on_every_request(rows, member, db)
 
 
 def test_a_session_ends_with_its_sign_out_and_its_expiry(member):
-    """Sessions are Django's database sessions read through SQL of d0's own (adaptation/teams/sessions.py): a
-    session signed out, or past its expiry, is no session; a signed-in one lasts across requests."""
+    """Django's database sessions: a session signed out, or past its expiry, is no session; a signed-in one lasts
+    across requests."""
     from datetime import timedelta
 
     from django.contrib.sessions.models import Session
@@ -255,21 +255,55 @@ def test_a_session_naming_a_user_id_past_the_databases_integers_is_signed_out_no
     assert client.get("/jobs/").status_code == 302
 
 
-def test_team_ids_read_in_a_request_follow_memberships_changed_through_the_many_to_many(rows, member, db):
-    """``team.members.add/remove/clear`` send no save signal: the ids remembered for the request are dropped all the
-    same, so a team added or removed that way counts in the same request."""
-    from adaptation.models.teams import Team, _end_request_cache, _start_request_cache, team_ids_of
+def test_memberships_changed_through_the_many_to_many_count_at_the_next_request(rows, member, db):
+    """``team.members.add/remove`` and ``user.teams.clear`` send no save signal: what they change counts at the next
+    request all the same, for a session and a token, since each request reads its user's team ids afresh."""
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
+    from adaptation.models import Team
 
     team = Cluster.objects.get(pk=rows["cluster"]).team
     other = Team.objects.create(name="another-team", slug="another-team")
-    _start_request_cache()  # what request_started does for these ids (the signal also closes old connections)
-    try:
-        assert team_ids_of(member) == (team.pk,)
-        other.members.add(member)
-        assert sorted(team_ids_of(member)) == sorted([team.pk, other.pk])
-        team.members.remove(member)
-        assert team_ids_of(member) == (other.pk,)
-        member.teams.clear()
-        assert team_ids_of(member) == ()
-    finally:
-        _end_request_cache()
+    theirs = Cluster.objects.create(team=other, name="theirs")
+    page = Client()
+    page.force_login(member)
+    api = APIClient(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=member).key}")
+
+    def visible() -> set[int]:
+        listed = {row["id"] for row in api.get("/api/clusters/").json()["results"]}
+        shown = {pk for pk in (rows["cluster"], theirs.pk) if page.get(f"/clusters/{pk}/").status_code == 200}
+        assert listed == shown
+        return listed
+
+    assert visible() == {rows["cluster"]}
+    other.members.add(member)
+    assert visible() == {rows["cluster"], theirs.pk}
+    team.members.remove(member)
+    assert visible() == {theirs.pk}
+    member.teams.clear()
+    assert visible() == set()
+
+
+def test_every_filter_naming_a_row_offers_only_the_users_teams_rows(rows, outsider):
+    """Every API filter that names a row (``?cluster=``, ``?job=``…), declared or made from a viewset's field list,
+    offers the requesting user's teams' rows only: the outsider is offered none of the owner's team's."""
+    from django.test import RequestFactory
+    from django_filters.filters import QuerySetRequestMixin
+
+    from adaptation.api.urls import router
+
+    request = RequestFactory().get("/")
+    request.user = outsider
+    offered = {}
+    for prefix, viewset, _basename in router.registry:
+        view = viewset(request=request, action="list", format_kwarg=None)
+        for backend in view.filter_backends:
+            filterset_class = (backend().get_filterset_class(view, viewset.queryset)
+                               if hasattr(backend, "get_filterset_class") else None)
+            if filterset_class is not None:
+                for name, row_filter in filterset_class(request=request, queryset=viewset.queryset).filters.items():
+                    if isinstance(row_filter, QuerySetRequestMixin):
+                        offered[f"/api/{prefix}/?{name}="] = row_filter.get_queryset(request).count()
+    assert len(offered) >= 10 and "/api/jobs/?model=" in offered and "/api/coverage-reports/?job=" in offered
+    assert offered == dict.fromkeys(offered, 0)

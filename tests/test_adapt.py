@@ -47,7 +47,7 @@ def test_one_adapt_submission_runs_every_stage_and_produces_the_report(stack, te
                 "peak_memory_bytes"} <= set(metrics)
         roofline = trial["roofline"]
         assert roofline["bound"] in ("memory-bound", "compute-bound") and roofline["end_to_end_efficiency"] > 0
-        # Issue 16: an efficiency is at most 1, or the trial is flagged and shows none.
+        # An efficiency is at most 1, or the trial is flagged and shows none.
         assert (0 < roofline["efficiency"] <= 1) if roofline["flag"] is None else roofline["efficiency"] is None
     assert sweep["roofline"]["overhead"] is not None  # the fixed per-step overhead is reported
     client = Client()

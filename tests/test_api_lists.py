@@ -26,8 +26,9 @@ def test_jobs_filter_by_status_and_stage(member_api, cluster, owner):
 
 
 def test_the_list_writes_each_job_as_the_job_serializer_does(member_api, cluster, owner, model_spec, settings):
-    """The list reads a page as plain values (JobRowSerializer); each row must be what JobSerializer writes of that
-    job: a model or none, a submitter or none, dates set or not, a retry, in another time zone than UTC."""
+    """The list reads only the columns it shows of a page's jobs and their related rows; each row must be what
+    JobSerializer writes of the whole job: a model or none, a submitter or none, dates set or not, a retry, in
+    another time zone than UTC."""
     from adaptation.jobs.api import JobSerializer
 
     settings.TIME_ZONE = "Europe/Paris"
@@ -81,7 +82,7 @@ def test_deep_pages_hold_every_row_once_in_the_list_order(member_api, member, cl
     client = Client()
     client.force_login(member)
     last = client.get("/jobs/?page=5")
-    assert [job["pk"] for job in last.context["page"]] == by_created[100:]
+    assert [job.pk for job in last.context["page"]] == by_created[100:]
     assert len(client.get("/jobs/?page=2&status=failed").context["page"]) == 15
 
 
@@ -96,7 +97,7 @@ def test_job_lists_scope_by_team_ids_without_distinct_or_model_configs(member_ap
             assert fetch().status_code == 200
         statements = [query["sql"] for query in captured.captured_queries]
         assert not [sql for sql in statements if "DISTINCT" in sql]
-        # The memberships are read once (with the user, at sign-in); no list joins them.
+        # The memberships are read once per request; no list joins them.
         assert len([sql for sql in statements if "adaptation_membership" in sql]) == 1
         assert not [sql for sql in statements if '"adaptation_modelspec"."config"' in sql]
     # The filter form still lists the team's models, by name.
@@ -107,7 +108,7 @@ def test_a_member_removed_from_the_team_loses_its_rows_at_the_next_request(membe
     job, = make_jobs(cluster, owner, ["queued"])
     assert member_api.get(f"/api/jobs/{job.pk}/").status_code == 200
     Membership.objects.filter(user=member).delete()
-    assert member_api.get(f"/api/jobs/{job.pk}/").status_code == 404  # the same user object: nothing kept on it
+    assert member_api.get(f"/api/jobs/{job.pk}/").status_code == 404  # its team ids read afresh
     assert ModelSpec.objects.for_user(member).count() == 0
 
 

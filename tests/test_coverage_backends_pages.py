@@ -3,6 +3,7 @@ team in one step, and sent to the node like any team's list."""
 
 from django.test import Client
 
+from adaptation.jobs import placement
 from adaptation.jobs import services as jobs
 from adaptation.models import VirtualBackend
 from workers.engine.coverage.shipped_backends import shipped_backends
@@ -31,7 +32,7 @@ def test_the_coverage_page_offers_the_shipped_backends_and_adds_them_to_a_team(m
 
     job = jobs.submit_job(team=team, user=owner, cluster=cluster, model=model_spec, stages=["op_coverage"],
                           parameters={"op_coverage": {"virtual_backends": [rows[cuda["name"]].pk]}})
-    sent = jobs.stage_parameters(job, "op_coverage")["virtual_backend_lists"]
+    sent = placement.stage_parameters(job, "op_coverage", [])["virtual_backend_lists"]
     assert sent == [{"name": cuda["name"], "operators": cuda["operators"]}]
 
 

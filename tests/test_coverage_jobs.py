@@ -5,6 +5,7 @@ import pytest
 from django.test import Client
 
 from adaptation.intake import services as intake
+from adaptation.jobs import placement, reports
 from adaptation.jobs import services as jobs
 from adaptation.models import CoverageReport, EnvReport, ModelSpec, OperatorRecord, VirtualBackend
 from tests.harness import wait_for
@@ -54,8 +55,8 @@ def record(job_model, owner, node, stage_result, django_capture_on_commit_callba
         job = jobs.submit_job(team=job_model.team, user=owner, cluster=node.cluster, model=job_model,
                                   stages=["op_coverage"])
     run = job.stage_runs.get()
-    jobs.record_stage_started(run.pk, sender=run.node)
-    jobs.record_stage_finished(run.pk, True, stage_result, "", "", sender=run.node)
+    reports.record_stage_started(run.pk, sender=run.node)
+    reports.record_stage_finished(run.pk, True, stage_result, "", "", sender=run.node)
     job.refresh_from_db()
     return job
 
@@ -147,7 +148,7 @@ def test_a_virtual_backend_is_uploaded_as_a_csv_and_sent_to_the_node(member, clu
     spec = intake.add_from_catalog(team=cluster.team, user=owner, slug="qwen3-0.6b")[0]
     job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["op_coverage"],
                               parameters={"op_coverage": {"virtual_backends": [backend.pk]}})
-    params = jobs.stage_parameters(job, "op_coverage")
+    params = placement.stage_parameters(job, "op_coverage", [])
     assert params["virtual_backend_lists"] == [{"name": "vendorx", "operators": ["aten::mm", "aten::embedding"]}]
     assert "virtual_backends" not in params
 

@@ -214,11 +214,11 @@ def env_check_in_its_last_phases(stack: Faults, hostname: str, cluster, owner) -
 
 
 def test_a_broker_restart_mid_stage_loses_no_report(faults, cluster, owner):
-    """Issue 15 item 2: the stage's progress and its finished report fall in a broker outage; the node keeps the
+    """The stage's progress and its finished report fall in a broker outage; the node keeps the
     report and sends it when the broker is back, so the job ends succeeded rather than running for hours."""
     # The outage (the stage's last seconds, the node's retries, the workers' reconnection back-off) stays within
     # the node timeout: a longer one is the node timeout's to judge.
-    stack = faults(D0_NODE_TIMEOUT=60, D0_SWEEP_INTERVAL=1)
+    stack = faults(D0_NODE_TIMEOUT=60, D0_LIVENESS_INTERVAL=1)
     job_id = env_check_in_its_last_phases(stack, "restart-broker", cluster, owner)
     # A control task in flight (unacknowledged) when the broker goes, while the worker polls with its free processes:
     # a heartbeat waiting on the node's row, which the test holds. kombu's Redis transport stopped such a worker
@@ -252,7 +252,7 @@ def test_a_database_outage_mid_stage_loses_no_report(database_link, faults, clus
     failover): the report's task is tried again with back-off instead of failing, which would drop the report (the
     broker has handed it over) and leave the job running until the stage timeout. Once the database answers, the
     report is applied once and the job ends succeeded."""
-    stack = faults(database=database_link.url, D0_NODE_TIMEOUT=60, D0_SWEEP_INTERVAL=1)
+    stack = faults(database=database_link.url, D0_NODE_TIMEOUT=60, D0_LIVENESS_INTERVAL=1)
     job_id = env_check_in_its_last_phases(stack, "database-away", cluster, owner)
     database_link.cut()
     wait_for(lambda: [line for line in stack.stack.log("control").splitlines()
@@ -269,9 +269,9 @@ def test_a_database_outage_mid_stage_loses_no_report(database_link, faults, clus
 
 
 def test_a_node_restarted_within_the_timeout_fails_the_stage_it_was_running(faults, cluster, owner):
-    """Issue 15 item 3, end to end: the restarted node's registration fails what its old worker was running, with
+    """End to end: the restarted node's registration fails what its old worker was running, with
     that reason, long before the node timeout; the node then takes new work."""
-    stack = faults(D0_NODE_TIMEOUT=60, D0_SWEEP_INTERVAL=1)
+    stack = faults(D0_NODE_TIMEOUT=60, D0_LIVENESS_INTERVAL=1)
     stack.stack.start_control()
     stack.stack.start_node("alpha/h100-pod", "restart-node")
     wait_for(node_online("restart-node"), 90, "node registration")
@@ -293,11 +293,11 @@ def test_a_node_restarted_within_the_timeout_fails_the_stage_it_was_running(faul
 
 
 def test_a_control_restart_under_a_backlog_marks_no_live_node_offline(faults, cluster, owner):
-    """Issue 15 item 5: 40 jobs wait for the control worker while it is down longer than the node timeout. When it
+    """40 jobs wait for the control worker while it is down longer than the node timeout. When it
     is back, its sweeps queue behind that backlog; the node's heartbeats, on their own queue, are read in turn with
     it (on the control queue they expired behind it, and the sweep failed the node's work), so the sweep finds the
     node alive and every job ends."""
-    stack = faults(D0_NODE_TIMEOUT=4, D0_SWEEP_INTERVAL=1)
+    stack = faults(D0_NODE_TIMEOUT=4, D0_LIVENESS_INTERVAL=1)
     stack.stack.start_control()
     stack.stack.start_node("alpha/h100-pod", "backlog-node")
     node = wait_for(node_online("backlog-node"), 90, "node registration")
@@ -355,12 +355,11 @@ def kill_control_inside_its_transaction(stack: Faults, lock: JobRowLock) -> None
 
 
 def test_a_control_worker_killed_inside_dispatch_leaves_the_job_queued_and_it_runs_once(faults, cluster, owner):
-    """Issue 15 item 1: starting a job and dispatching its first stage are one transaction. A job left queued (an
-    earlier d0 submitted it and sent the control plane its dispatch message; this one's submit dispatches itself):
-    killed inside the dispatch, the worker commits nothing: the job is still queued, with no stage run; the message
-    comes back (its worker never acknowledged it) and the reconciler finds the job queued too; whichever comes
-    first dispatches it, once."""
-    stack = faults(D0_NODE_TIMEOUT=60, D0_SWEEP_INTERVAL=1, D0_CONTROL_REDELIVER_AFTER=3, D0_RECONCILE_AFTER=4)
+    """Starting a job and dispatching its first stage are one transaction. A job left queued (made outside a submit,
+    which dispatches its own job): the reconciler dispatches it; killed inside that dispatch, the worker commits
+    nothing: the job is still queued, with no stage run; the next control worker's reconciler finds it queued again
+    and dispatches it, once."""
+    stack = faults(D0_NODE_TIMEOUT=60, D0_LIVENESS_INTERVAL=1, D0_CONTROL_REDELIVER_AFTER=3, D0_RECONCILE_AFTER=4)
     stack.stack.start_control()
     stack.stack.start_node("alpha/h100-pod", "kill-dispatch")
     wait_for(node_online("kill-dispatch"), 90, "node registration")
@@ -368,7 +367,6 @@ def test_a_control_worker_killed_inside_dispatch_leaves_the_job_queued_and_it_ru
 
     job_id = AdaptationJob.objects.create(team=cluster.team, cluster=cluster, stages=["env_probe"],
                                           submitted_by=owner).pk
-    stack.dispatcher.send_task(protocol.DISPATCH_JOB, args=[job_id], queue=stack.stack.control_queue)
     lock = JobRowLock(job_id)
     stack.stack.start_control()
     kill_control_inside_its_transaction(stack, lock)
@@ -424,10 +422,10 @@ def test_a_submitter_killed_inside_its_transaction_leaves_no_job_and_sends_nothi
 
 
 def test_a_control_worker_killed_between_a_stage_end_and_the_next_step_loses_neither(faults, cluster, owner):
-    """Issue 15 item 1: a finished report's stage end, its result and the job's next step are one transaction.
+    """A finished report's stage end, its result and the job's next step are one transaction.
     Killed inside it, the worker commits none of it (no half-done job "running" with nothing active); the report
     is delivered again and does all of it: the env report stored once, the next stage run, the job succeeded."""
-    stack = faults(D0_NODE_TIMEOUT=60, D0_SWEEP_INTERVAL=1, D0_CONTROL_REDELIVER_AFTER=3)
+    stack = faults(D0_NODE_TIMEOUT=60, D0_LIVENESS_INTERVAL=1, D0_CONTROL_REDELIVER_AFTER=3)
     stack.stack.start_control()
     stack.stack.start_node("alpha/h100-pod", "kill-finish")
     wait_for(node_online("kill-finish"), 90, "node registration")

@@ -67,7 +67,7 @@ def test_health_asks_the_broker_once_per_interval_and_sees_it_go_down_and_come_b
     connection between them, a stopped broker is reported down, and a restarted one up at the next check."""
     import redis
 
-    from adaptation.api import health
+    from adaptation.jobs import health
     from adaptation.jobs import services
     from d0web import embedded_broker
 

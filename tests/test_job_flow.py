@@ -9,6 +9,8 @@ from django.utils import timezone
 
 from adaptation.clusters import services as clusters
 from adaptation.clusters import trust
+from adaptation.errors import Conflict
+from adaptation.jobs import recovery, reports
 from adaptation.jobs import services as jobs
 from adaptation.models import AdaptationJob, ControlWorker, EnvReport, Node, RejectedNodeMessage, StageRun
 from workers import protocol, signing
@@ -41,10 +43,9 @@ def test_a_submitted_job_starts_with_its_first_stage_on_each_online_node_sent_af
         (run.node.queue_name, run.celery_task_id, run.pk) for run in runs)
 
 
-def test_a_job_left_queued_by_an_earlier_version_is_dispatched_once(cluster, owner, node, broker,
-                                                                    django_capture_on_commit_callbacks):
-    """A dispatch message an earlier d0 sent for its queued job is still taken (and the reconciler finds such a
-    job too): the job starts once, whichever comes first."""
+def test_a_job_left_queued_is_dispatched_once(cluster, owner, node, broker, django_capture_on_commit_callbacks):
+    """A job made outside a submit (the admin) is left queued; the reconciler dispatches it, and a second dispatch
+    racing the first finds it started: the job starts once."""
     job = AdaptationJob.objects.create(team=cluster.team, cluster=cluster, stages=["env_probe"], submitted_by=owner)
     with django_capture_on_commit_callbacks(execute=True):
         assert jobs.dispatch_job(job.pk) is True
@@ -76,11 +77,11 @@ def test_a_job_succeeds_when_every_stage_run_reports_success(cluster, owner, nod
                                                             django_capture_on_commit_callbacks):
     job = submit(cluster, owner, django_capture_on_commit_callbacks)
     run = job.stage_runs.get()
-    jobs.record_stage_started(run.pk, sender=run.node)
-    jobs.record_stage_progress(run.pk, 0.5, "halfway", sender=run.node)
+    reports.record_stage_started(run.pk, sender=run.node)
+    reports.record_stage_progress(run.pk, 0.5, "halfway", sender=run.node)
     job.refresh_from_db()
     assert job.progress == pytest.approx(0.5)
-    jobs.record_stage_finished(run.pk, True, {"devices": [{"kind": "cpu"}]}, "", "", sender=run.node)
+    reports.record_stage_finished(run.pk, True, {"devices": [{"kind": "cpu"}]}, "", "", sender=run.node)
     job.refresh_from_db()
     run.refresh_from_db()
     assert (job.status, job.progress) == ("succeeded", 1.0)
@@ -93,7 +94,7 @@ def test_a_stage_that_sent_no_started_report_is_dated_by_how_long_it_ran(cluster
     """A node says "started" only after half a second; a shorter stage's finished report says how long it ran."""
     job = submit(cluster, owner, django_capture_on_commit_callbacks)
     run = job.stage_runs.get()
-    jobs.record_stage_finished(run.pk, True, {"devices": []}, "", "", sender=run.node, ran_for=0.25)
+    reports.record_stage_finished(run.pk, True, {"devices": []}, "", "", sender=run.node, ran_for=0.25)
     run.refresh_from_db()
     job.refresh_from_db()
     assert run.status == "succeeded"
@@ -114,7 +115,7 @@ def test_a_failed_stage_fails_the_job_with_the_nodes_error(cluster, owner, node,
                                                            django_capture_on_commit_callbacks):
     job = submit(cluster, owner, django_capture_on_commit_callbacks)
     run = job.stage_runs.get()
-    jobs.record_stage_finished(run.pk, False, None, "RuntimeError: CUDA error", "Traceback ...", sender=run.node)
+    reports.record_stage_finished(run.pk, False, None, "RuntimeError: CUDA error", "Traceback ...", sender=run.node)
     job.refresh_from_db()
     assert job.status == "failed"
     assert job.error == "Stage env_probe failed on gpu-01: RuntimeError: CUDA error"
@@ -133,12 +134,12 @@ def test_cancel_revokes_node_work_and_a_late_report_does_not_undo_it(cluster, ow
                                                                     django_capture_on_commit_callbacks):
     job = submit(cluster, owner, django_capture_on_commit_callbacks)
     run = job.stage_runs.get()
-    jobs.record_stage_started(run.pk, sender=run.node)
+    reports.record_stage_started(run.pk, sender=run.node)
     with django_capture_on_commit_callbacks(execute=True):
         jobs.cancel_job(job, owner)
     assert ([run.celery_task_id], True) in broker.revoked
-    jobs.record_stage_progress(run.pk, 0.9, "late", sender=run.node)
-    jobs.record_stage_finished(run.pk, True, {"late": True}, "", "", sender=run.node)
+    reports.record_stage_progress(run.pk, 0.9, "late", sender=run.node)
+    reports.record_stage_finished(run.pk, True, {"late": True}, "", "", sender=run.node)
     job.refresh_from_db()
     run.refresh_from_db()
     assert (job.status, run.status, run.result) == ("cancelled", "cancelled", None)
@@ -147,7 +148,7 @@ def test_cancel_revokes_node_work_and_a_late_report_does_not_undo_it(cluster, ow
 def test_cancel_of_a_finished_job_is_a_conflict(job, owner, broker):
     job.start()
     job.finish()
-    with pytest.raises(jobs.Conflict, match="already succeeded"):
+    with pytest.raises(Conflict, match="already succeeded"):
         jobs.cancel_job(job, owner)
 
 
@@ -157,7 +158,7 @@ def test_retry_makes_a_new_job_with_the_same_inputs(job, owner, broker, django_c
     with django_capture_on_commit_callbacks(execute=True):
         again = jobs.retry_job(job, owner)
     assert (again.retry_of, again.stages, again.model, again.status) == (job, job.stages, job.model, "running")
-    with pytest.raises(jobs.Conflict):
+    with pytest.raises(Conflict):
         jobs.retry_job(again, owner)
 
 
@@ -180,7 +181,7 @@ def test_the_sweep_marks_a_silent_node_offline_and_fails_its_job(cluster, owner,
     settings.D0_NODE_TIMEOUT = 30
     job = submit(cluster, owner, django_capture_on_commit_callbacks)
     Node.objects.filter(pk=node.pk).update(last_heartbeat=timezone.now() - timedelta(seconds=31))
-    assert jobs.sweep_nodes() == ["gpu-01"]
+    assert recovery.mark_silent_nodes_offline() == ["gpu-01"]
     node.refresh_from_db()
     job.refresh_from_db()
     assert node.status == "offline"
@@ -191,54 +192,54 @@ def test_the_sweep_marks_a_silent_node_offline_and_fails_its_job(cluster, owner,
 
 def test_the_sweep_leaves_a_node_with_a_recent_heartbeat_alone(node, settings, listening):
     settings.D0_NODE_TIMEOUT = 30
-    assert jobs.sweep_nodes() == []
+    assert recovery.mark_silent_nodes_offline() == []
     assert Node.objects.get(pk=node.pk).status == "online"
 
 
 def test_the_sweep_blames_no_node_for_silence_the_control_plane_could_not_hear(job, node, settings, caplog):
-    """Issue 15: after the control worker was down (or the broker away) longer than the node timeout, its first
+    """After the control worker was down (or the broker away) longer than the node timeout, its first
     sweep ran before the node's first fresh heartbeat was taken, and a live node was marked offline."""
-    settings.D0_NODE_TIMEOUT, settings.D0_SWEEP_INTERVAL = 30, 10
+    settings.D0_NODE_TIMEOUT, settings.D0_LIVENESS_INTERVAL = 30, 10
     job.start()
     job.stage_runs.get().start()
     control_worker("control@a", seen=60, listening=3600)  # its previous sweep: a minute ago, then it was down
     _age(Node, node.pk, "last_heartbeat", 45)
-    clusters.control_worker_seen("control@a")
-    with caplog.at_level("INFO", logger="adaptation.jobs.services"):
-        assert jobs.sweep_nodes() == []
+    recovery.control_worker_seen("control@a")
+    with caplog.at_level("INFO", logger="adaptation.jobs.recovery"):
+        assert recovery.mark_silent_nodes_offline() == []
     assert "less than the node timeout" in caplog.text
     assert Node.objects.get(pk=node.pk).status == "online"
     assert AdaptationJob.objects.get(pk=job.pk).status == "running"
 
     # The control plane has now listened for the whole timeout and still heard nothing from the node.
     ControlWorker.objects.update(listening_since=timezone.now() - timedelta(seconds=31))
-    clusters.control_worker_seen("control@a")
-    assert jobs.sweep_nodes() == ["gpu-01"]
+    recovery.control_worker_seen("control@a")
+    assert recovery.mark_silent_nodes_offline() == ["gpu-01"]
     assert AdaptationJob.objects.get(pk=job.pk).status == "failed"
 
 
 def test_a_control_worker_up_all_along_heard_the_heartbeats_while_another_was_down(node, settings):
     """Listening is the control plane's, not one worker's: the beat sends each sweep to one control worker, and
     one that was up all along took the heartbeats while the other was down."""
-    settings.D0_NODE_TIMEOUT, settings.D0_SWEEP_INTERVAL = 30, 10
+    settings.D0_NODE_TIMEOUT, settings.D0_LIVENESS_INTERVAL = 30, 10
     steady = control_worker("control@a", seen=5, listening=3600)
     control_worker("control@b", seen=600, listening=7200)  # down for ten minutes, back now
     _age(Node, node.pk, "last_heartbeat", 45)
-    clusters.control_worker_seen("control@b")
+    recovery.control_worker_seen("control@b")
     assert ControlWorker.objects.get(name="control@b").listening_since == steady.listening_since
-    assert jobs.sweep_nodes() == ["gpu-01"]
+    assert recovery.mark_silent_nodes_offline() == ["gpu-01"]
     assert Node.objects.get(pk=node.pk).status == "offline"
 
 
 def test_a_sweep_within_the_schedule_keeps_listening_and_one_after_a_gap_starts_again(db, settings):
-    settings.D0_SWEEP_INTERVAL = 10
+    settings.D0_LIVENESS_INTERVAL = 10
     control_worker("control@a", seen=20, listening=3600)  # a sweep or two late: the worker was busy
-    clusters.control_worker_seen("control@a")
-    assert timezone.now() - clusters.listening_since() > timedelta(seconds=3500)
+    recovery.control_worker_seen("control@a")
+    assert timezone.now() - recovery.listening_since() > timedelta(seconds=3500)
     ControlWorker.objects.update(last_seen=timezone.now() - timedelta(seconds=26))  # more than 2 intervals + 5 s
-    assert clusters.listening_since() is None  # nobody listens now
-    clusters.control_worker_seen("control@a")
-    assert timezone.now() - clusters.listening_since() < timedelta(seconds=5)
+    assert recovery.listening_since() is None  # nobody listens now
+    recovery.control_worker_seen("control@a")
+    assert timezone.now() - recovery.listening_since() < timedelta(seconds=5)
 
 
 def test_a_heartbeat_brings_an_offline_node_back(node):
@@ -270,7 +271,7 @@ def test_status_changes_are_conditional(job):
     assert not job.start()
     assert job.cancel()
     assert not job.finish()
-    assert not job.set_progress(0.7)
+    assert not AdaptationJob.objects.filter(pk=job.pk).set_progress(0.7)
     assert AdaptationJob.objects.get(pk=job.pk).status == "cancelled"
 
 
@@ -293,7 +294,7 @@ def test_a_result_that_cannot_be_stored_fails_the_job_instead_of_leaving_it_runn
     with django_capture_on_commit_callbacks(execute=True):
         job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=["env_check"])
     run = job.stage_runs.get()
-    jobs.record_stage_finished(run.pk, True, {"verdict": "pass", "measurements": {"per_device": [
+    reports.record_stage_finished(run.pk, True, {"verdict": "pass", "measurements": {"per_device": [
         {"device": "not-a-label"}]}}, "", "", sender=run.node)
     job.refresh_from_db()
     assert job.status == "failed"
@@ -306,7 +307,7 @@ def test_a_stage_run_whose_report_was_lost_is_failed_by_the_sweep(job, settings)
     run = job.stage_runs.get()
     run.start()
     StageRun.objects.filter(pk=run.pk).update(started=timezone.now() - timedelta(seconds=61))
-    assert jobs.sweep_stuck_stage_runs() == 1
+    assert recovery.fail_overdue_stage_runs() == 1
     job.refresh_from_db()
     assert job.status == "failed"
     assert job.error == "Stage env_probe on gpu-01 sent no result within 60s; its report was lost."
@@ -318,12 +319,12 @@ def _age(model, pk, field, seconds):
 
 def test_the_reconciler_settles_jobs_a_lost_message_left_behind(cluster, owner, node, broker, settings,
                                                                 django_capture_on_commit_callbacks):
-    """Issue 15: a dispatch lost with a killed consumer left a job queued forever; a control worker killed between
+    """A dispatch lost with a killed consumer left a job queued forever; a control worker killed between
     storing a stage's end and dispatching the next left it running forever."""
     settings.D0_RECONCILE_AFTER = 60
 
     def created(stages=("env_probe",)):
-        """A job row as an earlier d0 submitted it (queued, its dispatch left to a control-plane message)."""
+        """A job row left queued (made outside a submit: nothing dispatched it)."""
         return AdaptationJob.objects.create(team=cluster.team, cluster=cluster, stages=list(stages), submitted_by=owner)
 
     lost_dispatch = created()
@@ -348,7 +349,7 @@ def test_the_reconciler_settles_jobs_a_lost_message_left_behind(cluster, owner, 
     _age(AdaptationJob, never_advanced.pk, "started", 61)
     broker.sent.clear()
     with django_capture_on_commit_callbacks(execute=True):
-        settled = jobs.reconcile_jobs()
+        settled = recovery.reconcile_jobs()
     assert settled == {"dispatched": 1, "resent": 0, "advanced": 3, "failed": 1}
     status = {job.pk: job.status for job in AdaptationJob.objects.all()}
     assert status[lost_dispatch.pk] == "running" and status[fresh.pk] == "queued"
@@ -361,18 +362,20 @@ def test_the_reconciler_settles_jobs_a_lost_message_left_behind(cluster, owner, 
     assert sorted(task["name"] for task in broker.sent) == [protocol.RUN_STAGE] * 3
     # Once settled, a second sweep finds nothing to do
     with django_capture_on_commit_callbacks(execute=True):
-        assert jobs.reconcile_jobs() == {"dispatched": 0, "resent": 0, "advanced": 0, "failed": 0}
+        assert recovery.reconcile_jobs() == {"dispatched": 0, "resent": 0, "advanced": 0, "failed": 0}
 
 
 def test_a_node_restarted_within_its_timeout_fails_the_stage_its_old_worker_was_running(job, node, broker):
-    """Issue 15: the restart is seen by the re-registration, not by a missed heartbeat (it came back in time)."""
+    """The restart is seen by the re-registration, not by a missed heartbeat (it came back in time)."""
     job.start()
     running = job.stage_runs.get()
     running.start()
     _age(StageRun, running.pk, "started", 30)
     queued = StageRun.objects.create(job=job, kind="env_check", node=node, node_name=node.hostname)
     sent = time.time() - 5  # the new worker sent its registration 5 s ago, after the stage had started
-    clusters.register_node(node.cluster, node.hostname, {}, [], node=Node.objects.get(pk=node.pk), signed_ts=sent)
+    registered = clusters.register_node(node.cluster, node.hostname, {}, [], node=Node.objects.get(pk=node.pk),
+                                        signed_ts=sent)
+    recovery.node_registered(registered, sent)
     running.refresh_from_db()
     job.refresh_from_db()
     assert running.status == "failed" and "restarted while stage env_probe was running" in running.error
@@ -384,8 +387,10 @@ def test_a_stage_started_after_the_registration_was_sent_is_left_running(job, no
     job.start()
     run = job.stage_runs.get()
     run.start()
-    clusters.register_node(node.cluster, node.hostname, {}, [], node=Node.objects.get(pk=node.pk),
-                           signed_ts=time.time() - 60)
+    sent = time.time() - 60
+    registered = clusters.register_node(node.cluster, node.hostname, {}, [], node=Node.objects.get(pk=node.pk),
+                                        signed_ts=sent)
+    recovery.node_registered(registered, sent)
     assert StageRun.objects.get(pk=run.pk).status == "running"
 
 
@@ -414,7 +419,7 @@ def running_run(job):
 
 def test_a_restart_leaves_the_runs_whose_kept_finished_reports_it_sent_first_to_those_reports(
         job, cluster, owner, model_spec, keyed_node):
-    """Issue 15: the node sends the finished reports its outbox kept, then registers; two control processes may
+    """The node sends the finished reports its outbox kept, then registers; two control processes may
     take both at once, and the registration's "restarted" must not win over the real result."""
     node, key = keyed_node
     reported = running_run(job)
@@ -422,7 +427,9 @@ def test_a_restart_leaves_the_runs_whose_kept_finished_reports_it_sent_first_to_
                                              stages=["env_probe"], submitted_by=owner)
     StageRun.objects.create(job=other_job, kind="env_probe", node=node, node_name=node.hostname)
     cut_short = running_run(other_job)
-    assert trust.register(signed_registration(node, key, finished_runs=[reported.pk])) is not None
+    registration = trust.register(signed_registration(node, key, finished_runs=[reported.pk]))
+    assert registration is not None
+    recovery.node_registered(registration.node, registration.signed_ts, registration.finished_runs)
     assert StageRun.objects.get(pk=reported.pk).status == "running"  # its report is on its way
     cut_short.refresh_from_db()
     assert cut_short.status == "failed" and "restarted while stage env_probe was running" in cut_short.error
@@ -465,7 +472,7 @@ def test_a_stage_run_whose_message_never_left_is_sent_again_once_as_it_was(clust
     StageRun.objects.create(job=other, kind="env_probe", node=third, node_name="gpu-03", status="running")
 
     with django_capture_on_commit_callbacks(execute=True):
-        assert jobs.reconcile_jobs()["resent"] == 2
+        assert recovery.reconcile_jobs()["resent"] == 2
     runs = list(StageRun.objects.filter(job=sharded).order_by("id"))
     assert [run.node for run in runs] == [node, second]
     assert sorted(task["task_id"] for task in broker.sent) == sorted(run.celery_task_id for run in runs)
@@ -475,5 +482,5 @@ def test_a_stage_run_whose_message_never_left_is_sent_again_once_as_it_was(clust
     assert AdaptationJob.objects.get(pk=sharded.pk).log.count("message sent again") == 2
     broker.sent.clear()
     with django_capture_on_commit_callbacks(execute=True):
-        assert jobs.reconcile_jobs()["resent"] == 0  # once
+        assert recovery.reconcile_jobs()["resent"] == 0  # once
     assert broker.sent == []

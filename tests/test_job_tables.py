@@ -1,5 +1,5 @@
 """The job tables (dashboard, job list, a cluster's page; a model's page shows the same) and the job list's filter
-form, which are written in one pass rather than through templates: what they show, escaped."""
+form: what they show, escaped."""
 
 from datetime import datetime, timezone
 
@@ -75,8 +75,7 @@ def test_the_filter_form_lists_the_teams_rows_escaped_with_the_chosen_one_select
 
 
 def test_the_filter_form_shows_each_requests_own_rows_and_choice(signed_in, odd_rows, outsider, other_team):
-    """The options are written once per list of rows (adaptation/filtersets.py ``options_html``) and the filters
-    copied one level deep per request: a renamed model shows its new name, the choice is this request's, and
+    """The options are each request's own: a renamed model shows its new name, the choice is this request's, and
     another team's user, in the same process, sees their rows only."""
     cluster, model, _, _ = odd_rows
     signed_in.get(f"/jobs/?model={model.pk}")
@@ -93,8 +92,8 @@ def test_the_filter_form_shows_each_requests_own_rows_and_choice(signed_in, odd_
 
 
 def test_the_filter_forms_selects_keep_their_models_order(signed_in, team, owner, other_team):
-    """The selects' rows are read through SQL of d0's own (adaptation/filtersets.py ``row_labels``), in each model's
-    order: clusters by name, models newest first; only the user's teams' rows."""
+    """The selects' rows come in each model's order: clusters by name, models newest first; only the user's teams'
+    rows."""
     for name in ("b-pod", "c-pod", "a-pod"):
         Cluster.objects.create(team=team, name=name)
     Cluster.objects.create(team=other_team, name="0-theirs")

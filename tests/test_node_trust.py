@@ -238,7 +238,7 @@ def test_the_compose_redis_users_let_each_role_do_its_work_and_a_node_nothing_mo
                           "--appendonly", "no", *compose_redis_acl("control-secret", "node-secret")], dict(os.environ))
     control_url = f"redis://control:control-secret@127.0.0.1:{port}/0"
     stack = WorkerStack(tmp_path, database_url(), control_url, f"redis://node:node-secret@127.0.0.1:{port}/0",
-                        D0_NODE_TIMEOUT=4, D0_SWEEP_INTERVAL=1)
+                        D0_NODE_TIMEOUT=4, D0_LIVENESS_INTERVAL=1)
     try:
         wait_for(lambda: subprocess.run(["redis-cli", "-p", str(port), "--user", "control", "--pass", "control-secret",
                                          "ping"], capture_output=True, text=True).stdout.strip() == "PONG", 30,

@@ -1,12 +1,14 @@
 """Env-check results on the control plane: reports kept per node, devices and links updated, and the pre-flight
 gate refusing nodes whose latest check failed or is stale (stages through services, broker recorded)."""
 
+import dataclasses
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
 from adaptation.clusters import services as clusters
+from adaptation.jobs import reports
 from adaptation.jobs import services as jobs
 from adaptation.models import EnvReport, Link
 from workers import protocol
@@ -23,7 +25,7 @@ def report_expecting_eight():
 @pytest.fixture
 def gated_probe(monkeypatch):
     """Stands in for a later, gated stage (op coverage, sharded runs) so the gate can be exercised today."""
-    monkeypatch.setitem(stages.STAGES, "env_probe", stages.StageSpec(stages.STAGES["env_probe"].run, gated=True))
+    monkeypatch.setitem(stages.STAGES, "env_probe", dataclasses.replace(stages.STAGES["env_probe"], gated=True))
 
 
 def run_job(cluster, owner, stage, capture, result=None):
@@ -32,8 +34,8 @@ def run_job(cluster, owner, stage, capture, result=None):
         job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=[stage])
     if result is not None:
         for run in job.stage_runs.all():
-            jobs.record_stage_started(run.pk, sender=run.node)
-            jobs.record_stage_finished(run.pk, True, result, "", "", sender=run.node)
+            reports.record_stage_started(run.pk, sender=run.node)
+            reports.record_stage_finished(run.pk, True, result, "", "", sender=run.node)
     job.refresh_from_db()
     return job
 

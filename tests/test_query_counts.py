@@ -45,36 +45,37 @@ def queries_for(fetch) -> int:
 
 
 API_LISTS = {
-    # Each: the user's team ids (read once per request), COUNT(*) for the paginator, then one SELECT of the page
-    # (scoped by team_id IN those ids, related rows joined in, cluster node counts as annotations).
-    "/api/clusters/": 3,
-    "/api/nodes/": 3,
-    "/api/devices/": 3,
-    "/api/links/": 3,
-    "/api/models/": 3,
-    "/api/jobs/": 3,
-    "/api/stage-runs/": 3,
-    "/api/env-reports/": 3,
-    "/api/model-plans/": 3,
-    "/api/coverage-reports/": 3,
-    "/api/operators/": 3,
-    "/api/virtual-backends/": 3,
-    "/api/sweep-reports/": 3,
+    # Each: the token with its user (DRF's TokenAuthentication), the user's team ids (read once per request),
+    # COUNT(*) for the paginator, then one SELECT of the page (scoped by team_id IN those ids, related rows joined
+    # in, cluster node counts as annotations).
+    "/api/clusters/": 4,
+    "/api/nodes/": 4,
+    "/api/devices/": 4,
+    "/api/links/": 4,
+    "/api/models/": 4,
+    "/api/jobs/": 4,
+    "/api/stage-runs/": 4,
+    "/api/env-reports/": 4,
+    "/api/model-plans/": 4,
+    "/api/coverage-reports/": 4,
+    "/api/operators/": 4,
+    "/api/virtual-backends/": 4,
+    "/api/sweep-reports/": 4,
 }
 
 PAGES = {
-    # Every page starts with 2: the session row, and the user read with their team ids (adaptation/teams/auth.py).
+    # Every page starts with 3: the session row, the user row and the user's team ids (read once per request).
     # Dashboard: clusters with annotated node counts, running jobs, recent jobs.
-    "/": 2 + 3,
+    "/": 3 + 3,
     # Clusters: the annotated cluster list.
-    "/clusters/": 2 + 1,
+    "/clusters/": 3 + 1,
     # Models: paginator COUNT(*) and the page.
-    "/models/": 2 + 2,
+    "/models/": 3 + 2,
     # Jobs: the filter form's cluster and model choices, paginator COUNT(*) and the page.
-    "/jobs/": 2 + 4,
+    "/jobs/": 3 + 4,
     # Coverage: the heatmap's newest reports, the library summary, the virtual backends, the upload form's
     # team field (its count, the one team as default, its options) and the shipped backends form's teams.
-    "/coverage/": 2 + 7,
+    "/coverage/": 3 + 7,
 }
 
 
@@ -86,12 +87,12 @@ def test_list_endpoints_run_a_fixed_number_of_queries(url, expected, owner, team
     assert queries_for(lambda: owner_api.get(url)) == expected
 
 
-def test_a_token_request_reads_its_user_and_their_team_ids_in_one_query(owner, team):
-    """With a real token (the other API tests authenticate without one): the token's user with their team ids,
-    COUNT(*) for the paginator, the page."""
+def test_a_token_request_reads_its_user_with_the_token_and_their_team_ids_once(owner, team):
+    """The token with its user (one query, DRF's select_related), the user's team ids, COUNT(*) for the
+    paginator, the page."""
     client = APIClient(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=owner).key}")
     add_rows(team, owner, 2)
-    assert queries_for(lambda: client.get("/api/jobs/")) == 3
+    assert queries_for(lambda: client.get("/api/jobs/")) == 4
 
 
 @pytest.mark.parametrize("url, expected", PAGES.items())
@@ -118,21 +119,22 @@ def test_the_cluster_page_runs_a_fixed_number_of_queries_whatever_its_node_count
     client = Client()
     client.force_login(owner)
     cluster = Cluster.objects.create(team=team, name="big")
-    # Session, user with their team ids, cluster, admin check, nodes, their devices (one prefetch), the cluster's
+    # Session, user, the user's team ids, cluster, admin check, nodes, their devices (one prefetch), the cluster's
     # recent jobs, its join tokens (the owner is an admin), its rejected node messages.
     add_nodes(cluster, 1)
-    assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/")) == 9
+    assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/")) == 10
     add_nodes(cluster, 8)
-    assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/")) == 9
+    assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/")) == 10
 
 
 def test_the_topology_page_and_endpoint_run_a_fixed_number_of_queries(owner, owner_api, team):
     client = Client()
     client.force_login(owner)
     cluster = Cluster.objects.create(team=team, name="topo")
-    # Endpoint: the user's team ids, cluster, nodes, their devices (prefetch), latest reports (DISTINCT ON), links
-    # with ends joined. The page reads the team ids with the user after its session, and adds the check history.
+    # Endpoint: the token with its user, the user's team ids, cluster, nodes, their devices (prefetch), latest
+    # reports (DISTINCT ON), links with ends joined. The page reads its session and user instead of the token, and
+    # adds the check history.
     for count in (1, 5):
         add_nodes(cluster, count)
-        assert queries_for(lambda: owner_api.get(f"/api/clusters/{cluster.pk}/topology/")) == 6
-        assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/topology/")) == 8
+        assert queries_for(lambda: owner_api.get(f"/api/clusters/{cluster.pk}/topology/")) == 7
+        assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/topology/")) == 9

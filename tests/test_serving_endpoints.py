@@ -7,9 +7,9 @@ import pytest
 from django.core import serializers
 from django.test import Client
 
-from adaptation.jobs import services as jobs
+from adaptation.jobs import placement
 from adaptation.models import AdaptationJob, ServingEndpoint, StageRun
-from adaptation.serving.secrets import SecretUnreadable
+from adaptation.errors import SecretUnreadable
 
 SECRET = "sk-d0-test-0123456789abcdef"
 
@@ -85,7 +85,7 @@ def test_a_job_names_one_of_its_teams_endpoints_and_sets_no_address_or_key(membe
     job = AdaptationJob.objects.get(pk=accepted.json()["id"])
     assert job.parameters == {"endpoint_bench": {"endpoint": endpoint.pk, "concurrency": [1, 2]}}
     # What a node gets: the address and the key, added at dispatch
-    params = jobs.stage_parameters(job, "endpoint_bench")
+    params = placement.stage_parameters(job, "endpoint_bench", [])
     assert params["base_url"] == "http://gpu-node-3:8000" and params["api_key"] == SECRET
     assert params["served_model"] == "qwen3" and params["config"] == model_spec.config
     assert SECRET not in stored_rows()

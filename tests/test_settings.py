@@ -93,3 +93,20 @@ def test_an_empty_var_dir_is_the_default_not_the_working_directory(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(Path(__file__).resolve().parent.parent / "var")
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("variables, interval", [({"D0_LIVENESS_INTERVAL": "3"}, "3.0"),
+                                                 ({"D0_SWEEP_INTERVAL": "4"}, "4.0"),  # its deprecated name
+                                                 ({"D0_LIVENESS_INTERVAL": "3", "D0_SWEEP_INTERVAL": "4"}, "3.0"),
+                                                 ({}, "10.0")])
+def test_the_liveness_interval_is_read_under_its_name_and_its_old_one(tmp_path, variables, interval):
+    environment = {key: value for key, value in os.environ.items()
+                   if key not in ("D0_LIVENESS_INTERVAL", "D0_SWEEP_INTERVAL")}
+    result = subprocess.run([sys.executable, "-c", "import django; django.setup(); from django.conf import settings; "
+                             "print(settings.D0_LIVENESS_INTERVAL, settings.CELERY_BEAT_SCHEDULE['check-liveness']"
+                             "['schedule'])"], capture_output=True, text=True, timeout=120,
+                            env={**environment, **variables, "D0_VAR_DIR": str(tmp_path),
+                                 "DJANGO_SETTINGS_MODULE": "d0web.settings",
+                                 "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [interval, interval]

@@ -288,14 +288,14 @@ def test_the_pages_run_a_fixed_number_of_queries_whatever_the_number_of_runs(mem
                                                                             engine_report):
     client = logged_in(member)
     run = finished_run(model_spec, node, engine_report, nodes=2)
-    # Both pages start with the session row and the user with their team ids. Run page: the stage run with
+    # Both pages start with the session row, the user and the user's team ids. Run page: the stage run with
     # its job, model and cluster joined, then its job's stage runs for the node names. Comparison: the model, then
     # its stage runs with their jobs joined.
-    assert queries_for(lambda: client.get(f"/stage-runs/{run.pk}/sharded/")) == 2 + 2
-    assert queries_for(lambda: client.get(f"/models/{model_spec.pk}/sharded-runs/")) == 2 + 2
+    assert queries_for(lambda: client.get(f"/stage-runs/{run.pk}/sharded/")) == 3 + 2
+    assert queries_for(lambda: client.get(f"/models/{model_spec.pk}/sharded-runs/")) == 3 + 2
     for status in ("succeeded", "failed", "succeeded"):
         finished_run(model_spec, node, engine_report, status=status, nodes=2)
-    assert queries_for(lambda: client.get(f"/models/{model_spec.pk}/sharded-runs/")) == 2 + 2
+    assert queries_for(lambda: client.get(f"/models/{model_spec.pk}/sharded-runs/")) == 3 + 2
 
 
 @pytest.mark.django_db

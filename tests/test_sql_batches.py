@@ -1,4 +1,4 @@
-"""The control plane's hand-written statements (adaptation/sql.py, adaptation/jobs/statements.py): rows read as the
+"""The control plane's hand-written statements (adaptation/jobs/sql.py, adaptation/jobs/statements.py): rows read as the
 ORM reads them, a transaction's last writes sent with its COMMIT on PostgreSQL, and a failure there rolling all of
 it back. (On SQLite the same statements run one by one: tests/test_zero_setup.py runs jobs through them there.)"""
 
@@ -6,7 +6,7 @@ import psycopg
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from adaptation import sql
+from adaptation.jobs import sql
 from adaptation.jobs import statements
 from adaptation.models import AdaptationJob, Node, StageRun
 

@@ -9,11 +9,12 @@ import pytest
 from django.test import Client
 
 from adaptation.intake import services as intake
+from adaptation.jobs import placement
 from adaptation.jobs import services as jobs
 from adaptation.models import StageRun
 from adaptation.sweeps.charts import chart_data
-from adaptation.sweeps.services import flagged as efficiency_flagged
 from workers.engine.sweep import run_sweep
+from workers.engine.sweep.result import Roofline
 
 from .conftest import load_config
 
@@ -93,7 +94,7 @@ def test_a_sweep_on_a_node_gets_the_figures_its_env_check_measured(cluster, owne
     node.devices.update(measured={"copy_bandwidth_bytes_per_s": 4e10, "matmul_flops_per_s": {"fp32": 1.6e11}})
     spec = intake.add_from_catalog(team=cluster.team, user=owner, slug="qwen3-0.6b")[0]
     job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, model=spec, stages=["sweep"])
-    [(chosen, params)] = jobs.stage_assignments(job, "sweep", [node])
+    [(chosen, params)] = placement.stage_assignments(job, "sweep", [node])
     assert params["hardware"] == {"memory_bandwidth_bytes_per_s": 4e10, "flops_per_s": {"fp32": 1.6e11}}
 
 
@@ -120,7 +121,7 @@ def test_an_efficiency_above_one_is_never_shown_without_the_ceiling_marked_suspe
     page = client_for.get(f"/sweeps/{run.pk}/").content.decode()
     assert "roofline ceiling suspect: measured 1.90× faster than it" in page
     # (a real trial of this loaded machine may be over its ceiling too: it is counted the same way)
-    over = sum(efficiency_flagged(trial["roofline"] or {}) for trial in result["trials"])
+    over = sum(Roofline.from_dict(trial["roofline"] or {}).efficiency.flagged for trial in result["trials"])
     assert f"{over} trial(s) measured faster than the roofline's ceiling" in page
     assert "ceiling suspect (1.90×)" in page and "roofline efficiency 1.90" not in page
     rows = list(csv.DictReader(io.StringIO(client_for.get(f"/sweeps/{run.pk}/trials.csv").content.decode())))

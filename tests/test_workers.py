@@ -1,5 +1,7 @@
 """Jobs through real Celery workers on real Redis and PostgreSQL: a control-plane worker and node workers."""
 
+import time
+
 import pytest
 from django.utils import timezone
 
@@ -79,7 +81,7 @@ def test_an_env_check_job_measures_the_node_through_real_workers(stack, cluster,
 
 
 def test_cancel_retry_cancel_leaves_the_node_taking_new_work(stack, cluster, member_api):
-    """Issue 14's stuck node: two jobs cancelled while their stage ran on the node's only slot; the next job must
+    """A node once stuck this way: two jobs cancelled while their stage ran on the node's only slot; the next job must
     still run there."""
     from adaptation.models import StageRun
 
@@ -103,7 +105,7 @@ def test_cancel_retry_cancel_leaves_the_node_taking_new_work(stack, cluster, mem
 
 
 def test_a_stage_message_delivered_again_is_not_run_twice(stack, cluster, member_api):
-    """Issue 15: a killed stage's message comes back (acks_late) and ran again for a job long failed."""
+    """A killed stage's message comes back (acks_late) and ran again for a job long failed."""
     from adaptation.jobs.services import celery_app
     from workers import protocol
 
@@ -164,7 +166,7 @@ def test_an_instant_stage_is_reported_by_its_finished_report_alone(tmp_path, mon
 
 
 def test_a_starting_node_names_the_stage_runs_whose_finished_reports_its_outbox_kept(tmp_path):
-    """Issue 15: sent in the registration, so the control plane does not fail those runs as cut short."""
+    """Sent in the registration, so the control plane does not fail those runs as cut short."""
     from workers import protocol, signing
     from workers.node import finished_runs_kept
     from workers.outbox import Outbox
@@ -179,6 +181,43 @@ def test_a_starting_node_names_the_stage_runs_whose_finished_reports_its_outbox_
     (box.folder / "0-half.json").write_text("{half a messa")  # unreadable: flush sets it aside, never blocks
     assert finished_runs_kept(box) == [3, 5]
     assert len(box.pending()) == 5  # read, not sent or removed: the flush after it sends them
+
+
+def test_a_process_forked_while_the_outbox_was_locked_can_lock_it_once_it_is_released(tmp_path):
+    """The node worker forks a new pool process when one ends (a cancelled stage's); forked while the heartbeat
+    thread held the outbox lock, that process once kept the lock through its copy of the descriptor and waited on
+    itself at its first report: the node took no further work."""
+    import os
+    import threading
+
+    from workers.outbox import Outbox
+
+    box = Outbox(tmp_path / "outbox")
+    released = tmp_path / "released"
+    holding, forked = threading.Event(), threading.Event()
+
+    def heartbeat_thread():
+        with box.locked():
+            holding.set()
+            forked.wait(10)
+        released.touch()
+
+    thread = threading.Thread(target=heartbeat_thread)
+    thread.start()
+    holding.wait(10)
+    child = os.fork()
+    if child == 0:  # the new pool process: once the parent let go, it may send
+        try:
+            deadline = time.monotonic() + 10
+            while not released.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            with box.locked(wait=False) as held:
+                os._exit(0 if held else 1)
+        finally:
+            os._exit(2)
+    forked.set()
+    thread.join(10)
+    assert os.waitpid(child, 0)[1] >> 8 == 0
 
 
 def test_the_outbox_keeps_what_the_broker_refused_and_sends_it_oldest_first(tmp_path):
@@ -211,6 +250,7 @@ def test_a_node_imports_what_its_stages_run_before_its_pool_forks():
     import sys
 
     code = ("import sys; from workers import node; node.import_stage_code(); "
-            "missing = [name for name in node.STAGE_CODE if name not in sys.modules]; print(missing)")
+            "missing = [name for spec in node.STAGES.values() for name in spec.preload if name not in sys.modules]; "
+            "print(missing, 'workers.engine.sweep.backends' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
-    assert result.stdout.strip() == "[]"
+    assert result.stdout.strip() == "[] True"

@@ -124,7 +124,7 @@ def test_the_run_command_serves_d0_and_runs_a_job_with_no_external_services(tmp_
 
 def test_up_refuses_a_second_start_its_processes_die_with_it_and_a_restart_settles_the_job_it_was_running(
         tmp_path):
-    """Issue 15: killing `up` outright left 11 of 12 children running, a second `up` on the same var/ folder failed
+    """Killing `up` outright left 11 of 12 children running, a second `up` on the same var/ folder failed
     to bind and exited 0, and after a crash the job that was running stayed running for hours. Now the processes die
     with it, a second start refuses, and the restarted node's registration fails the stage its old worker ran."""
     processes, up, base, env = start_up(tmp_path)

@@ -7,15 +7,13 @@ They run in the Django-side worker (``celery -A d0web worker -Q d0.control``). N
 and drops and counts what it cannot trust. Nodes never touch the database.
 """
 
-import traceback
-
 from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
 from adaptation.clusters import services as clusters
 from adaptation.clusters import trust
-from adaptation.jobs import services as jobs
-from adaptation.models import AdaptationJob
+from adaptation.errors import Rejected
+from adaptation.jobs import recovery, reports
 
 from . import protocol
 
@@ -23,30 +21,17 @@ from . import protocol
 # again with back-off (up to 30 times, at most 30 s apart: minutes) rather than failed: a failed task's message is
 # acknowledged and gone, and a node's report has already left the node, so the job would wait for the stage timeout
 # (hours). Each of these tasks is idempotent (guarded transitions, one transaction each). Heartbeats, progress
-# reports and the sweep are not retried: the next one says more.
+# reports and the liveness check are not retried: the next one says more.
 DATABASE_LOST = (OperationalError, InterfaceError)
 RETRIED_WHILE_THE_DATABASE_IS_AWAY = {"autoretry_for": DATABASE_LOST, "retry_backoff": 1, "retry_backoff_max": 30,
                                       "retry_jitter": True, "max_retries": 30}
 
 
-@shared_task(name=protocol.DISPATCH_JOB, **RETRIED_WHILE_THE_DATABASE_IS_AWAY)
-def dispatch_job(job_id: int) -> None:
-    try:
-        jobs.dispatch_job(job_id)
-    except DATABASE_LOST:
-        raise  # tried again: the job is still queued (its one transaction did not commit)
-    except Exception as error:
-        # The job row must end in a terminal state with the reason, never stay "running" with nobody on it.
-        job = AdaptationJob.objects.filter(pk=job_id).first()
-        if job:
-            jobs.fail_job(job, f"The control plane could not dispatch the job: {type(error).__name__}: {error}",
-                          traceback.format_exc())
-        raise
-
-
 @shared_task(name=protocol.REGISTER_NODE, **RETRIED_WHILE_THE_DATABASE_IS_AWAY)
 def register_node(*message) -> None:
-    trust.register(message)
+    registration = trust.register(message)
+    if registration is not None:
+        recovery.node_registered(registration.node, registration.signed_ts, registration.finished_runs)
 
 
 @shared_task(name=protocol.NODE_HEARTBEAT, bind=True, max_retries=2)
@@ -64,7 +49,7 @@ def node_heartbeat(self, *message) -> None:
 def node_leaving(*message) -> None:
     sender = trust.accept(protocol.NODE_LEAVING, message)
     if sender and trust.newest(sender, protocol.NODE_LEAVING):
-        jobs.node_left(sender.node)
+        recovery.node_left(sender.node)
 
 
 def _report(task: str, message, apply, arity: int, *, with_duration: bool = False) -> None:
@@ -76,27 +61,27 @@ def _report(task: str, message, apply, arity: int, *, with_duration: bool = Fals
                                f"from {sender.node.hostname}")
         return
     duration = {"ran_for": sender.ran_for} if with_duration else {}  # the signed seconds a finished stage ran
-    apply(*sender.args, sender=sender.node, **duration)
+    try:
+        apply(*sender.args, sender=sender.node, **duration)
+    except Rejected as rejected:  # a report about a stage run that is not the sender's
+        trust.record_rejection(task, rejected.reason, rejected.cluster, rejected.detail)
 
 
 @shared_task(name=protocol.STAGE_STARTED, **RETRIED_WHILE_THE_DATABASE_IS_AWAY)
 def stage_started(*message) -> None:
-    _report(protocol.STAGE_STARTED, message, jobs.record_stage_started, 1)
+    _report(protocol.STAGE_STARTED, message, reports.record_stage_started, 1)
 
 
 @shared_task(name=protocol.STAGE_PROGRESS)
 def stage_progress(*message) -> None:
-    _report(protocol.STAGE_PROGRESS, message, jobs.record_stage_progress, 3)
+    _report(protocol.STAGE_PROGRESS, message, reports.record_stage_progress, 3)
 
 
 @shared_task(name=protocol.STAGE_FINISHED, **RETRIED_WHILE_THE_DATABASE_IS_AWAY)
 def stage_finished(*message) -> None:
-    _report(protocol.STAGE_FINISHED, message, jobs.record_stage_finished, 5, with_duration=True)
+    _report(protocol.STAGE_FINISHED, message, reports.record_stage_finished, 5, with_duration=True)
 
 
-@shared_task(name=protocol.SWEEP_NODES, bind=True)
-def sweep_nodes(self) -> list:
-    clusters.control_worker_seen(self.request.hostname or "control")
-    jobs.sweep_stuck_stage_runs()
-    jobs.reconcile_jobs()
-    return jobs.sweep_nodes()
+@shared_task(name=protocol.CHECK_LIVENESS, bind=True)
+def check_liveness(self) -> list:
+    return recovery.check_liveness(self.request.hostname or "control")

@@ -255,18 +255,14 @@ def _leave(**kwargs) -> None:
         logger.exception("could not tell the control plane that this node leaves")
 
 
-# What the stages run, imported lazily by the engine (the web tier reads its stage registry without torch).
-STAGE_CODE = ("torch", "transformers", "workers.engine.envcheck.measure", "workers.engine.coverage.report",
-              "workers.engine.models", "workers.engine.sharding.launcher", "workers.engine.sweep.backends",
-              "workers.engine.sweep.evaluation", "workers.engine.sweep.roofline", "workers.engine.serving.prediction")
-
-
 def import_stage_code() -> None:
-    """Imported once, before the pool forks: every stage starts without paying for its imports, and no stage is
-    cut short (a cancel's SIGTERM) half-way through a first import, which leaves a module that cannot be imported
-    again in that process ("cannot load module more than once per process" for the next stage there)."""
-    for name in STAGE_CODE:
-        importlib.import_module(name)
+    """What the stages run (each declares its ``preload``), imported once before the pool forks: every stage starts
+    without paying for its imports, and no stage is cut short (a cancel's SIGTERM) half-way through a first import,
+    which leaves a module that cannot be imported again in that process ("cannot load module more than once per
+    process" for the next stage there)."""
+    for spec in STAGES.values():
+        for name in spec.preload:
+            importlib.import_module(name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,23 @@ from pathlib import Path
 
 logger = logging.getLogger("d0.node")
 
+# The outbox lock descriptors this process holds. The worker forks a new pool process whenever one ends (a cancelled
+# stage's); a child forked while the heartbeat thread held the lock would keep it through its copy of the descriptor
+# (an flock lasts while any copy is open) and then wait on itself at its first report. The child closes its copies.
+_held: set[int] = set()
+
+
+def _close_inherited_locks() -> None:
+    for descriptor in list(_held):
+        try:
+            os.close(descriptor)
+        except OSError:
+            pass
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited_locks)
+
 _numbers = itertools.count()
 
 Send = Callable[[str, list], None]  # (task name, signed message) -> None; raises when the broker refuses it
@@ -67,13 +84,21 @@ class Outbox:
         """Held while sending, so the node's pool processes and its heartbeat thread send each message once and in
         order. Yields False (without the lock) when ``wait`` is False and another sender holds it."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        with open(self.folder / ".lock", "a") as handle:
+        descriptor = os.open(self.folder / ".lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        _held.add(descriptor)  # before it is locked: a child forked from here on closes its copy
+        try:
             try:
-                fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+                fcntl.flock(descriptor, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
             except BlockingIOError:
                 yield False
                 return
-            yield True
+            try:
+                yield True
+            finally:
+                fcntl.flock(descriptor, fcntl.LOCK_UN)  # released whoever else holds a copy of the descriptor
+        finally:
+            _held.discard(descriptor)
+            os.close(descriptor)
 
     def flush(self, send: Send, *, wait: bool = True) -> int:
         """Send the waiting messages, oldest first, each removed once the broker has it; stops at the first the

@@ -10,14 +10,13 @@ import os
 import re
 
 # Control-plane tasks (run by the Django-side worker on the control queue; heartbeats on their own queue).
-DISPATCH_JOB = "d0.control.dispatch_job"
 REGISTER_NODE = "d0.control.register_node"
 NODE_HEARTBEAT = "d0.control.node_heartbeat"
 NODE_LEAVING = "d0.control.node_leaving"
 STAGE_STARTED = "d0.control.stage_started"
 STAGE_PROGRESS = "d0.control.stage_progress"
 STAGE_FINISHED = "d0.control.stage_finished"
-SWEEP_NODES = "d0.control.sweep_nodes"
+CHECK_LIVENESS = "d0.control.check_liveness"
 
 # Node-side task (run by the worker on one node's own queue).
 RUN_STAGE = "d0.node.run_stage"

@@ -10,7 +10,7 @@ from rest_framework import status
 from rest_framework.exceptions import APIException, ParseError, ValidationError
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from ..jobs.services import Conflict
+from ..errors import Conflict
 
 
 class ConflictError(APIException):

@@ -151,7 +151,7 @@ class ClusterViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
     select_related = ("team",)
 
     def get_queryset(self):
-        return services.with_node_counts(super().get_queryset())
+        return super().get_queryset().with_node_counts()
 
     def _require_admin(self, team):
         if not is_team_admin(self.request.user, team):
@@ -161,7 +161,7 @@ class ClusterViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
         self._require_admin(serializer.validated_data["team"])
         cluster = serializer.save()
         # The answer carries the node counts, as every other read of a cluster does.
-        serializer.instance = services.with_node_counts(Cluster.objects.filter(pk=cluster.pk)).get()
+        serializer.instance = Cluster.objects.filter(pk=cluster.pk).with_node_counts().get()
 
     def perform_update(self, serializer):
         self._require_admin(serializer.instance.team)

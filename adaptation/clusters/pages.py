@@ -52,7 +52,7 @@ def _detail(request, cluster, **extra):
 @login_required
 def cluster_list(request):
     return render(request, "adaptation/clusters/list.html",
-                  {"clusters": services.clusters_with_counts(request.user)})
+                  {"clusters": Cluster.objects.for_user(request.user).select_related("team").with_node_counts()})
 
 
 @login_required

@@ -1,38 +1,26 @@
 """Clusters, nodes and their devices as the pages, the API and the control-plane tasks see them: a node worker's
 registration and heartbeats, what an env check found (the node's history, and its devices' and links' current
-figures), the cluster's topology as plain data, and the pre-flight gate that keeps gated stages off unfit nodes.
+figures), and the cluster's topology as plain data.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Max, Prefetch, Q, Sum
+from django.db.models import Max, Prefetch, Sum
 from django.utils import timezone
 
 from workers import protocol
 from workers.engine.envcheck.peaks import published_peak
-from workers.engine.stages import STAGES
 
-from ..choices import CheckVerdict, InterconnectKind, NodeStatus
-from ..models import Cluster, ControlWorker, Device, EnvReport, Link, Node, StageRun
+from ..choices import ACTIVE_STATUSES, InterconnectKind, NodeStatus
+from ..errors import Conflict
+from ..models import Cluster, Device, EnvReport, Link, Node, StageRun
 
 logger = logging.getLogger(__name__)
-
-
-def with_node_counts(clusters):
-    """Clusters annotated with how many nodes each has (``node_count``) and how many are online."""
-    return clusters.annotate(
-        node_count=Count("nodes", distinct=True),
-        nodes_online=Count("nodes", filter=Q(nodes__status=NodeStatus.ONLINE), distinct=True),
-    )
-
-
-def clusters_with_counts(user):
-    return with_node_counts(Cluster.objects.for_user(user).select_related("team"))
 
 
 def rejected_messages(cluster: Cluster) -> list[dict]:
@@ -41,52 +29,15 @@ def rejected_messages(cluster: Cluster) -> list[dict]:
         count=Sum("count"), last_seen=Max("last_seen"), detail=Max("detail")).order_by("-last_seen"))
 
 
-# --- liveness -------------------------------------------------------------------------------------------
-
-
-def _heard_since(workers, now):
-    """Since when the control plane has run the sweep without a gap, as the latest sweep among ``workers``
-    recorded it; None when that sweep is older than the beat's schedule and a busy worker explain (or there is
-    none): the control plane was down or could not reach the broker, and heartbeats sent meanwhile went unheard."""
-    latest = workers.order_by("-last_seen").only("last_seen", "listening_since").first()
-    if latest is None or now - latest.last_seen > timedelta(seconds=2 * settings.D0_SWEEP_INTERVAL + 5):
-        return None
-    return latest.listening_since
-
-
-@transaction.atomic
-def control_worker_seen(name: str) -> None:
-    """``name`` runs the sweep now; the control plane has listened since the latest sweep's record, or starts now
-    after a gap. Measured across control workers, not per worker: the beat sends each sweep to one of them, so a
-    worker may go several intervals without one while another hears every heartbeat."""
-    now = timezone.now()
-    # The latest row locked, so two sweeps taken at once after a gap agree on when listening started.
-    since = _heard_since(ControlWorker.objects.select_for_update(), now) or now
-    ControlWorker.objects.update_or_create(name=name[:255], defaults={"last_seen": now, "listening_since": since})
-
-
-def listening_since():
-    """Since when the control plane has been hearing node heartbeats without a gap; None when nobody listens."""
-    return _heard_since(ControlWorker.objects, timezone.now())
-
-
-def live_workers(user) -> dict:
-    """Control-plane workers that ran the liveness sweep lately, and the user's teams' online nodes: health from
-    the state heartbeats keep, not from a broadcast to every worker on the broker."""
-    recent = timezone.now() - timedelta(seconds=3 * settings.D0_SWEEP_INTERVAL + 5)
-    return {"control": ControlWorker.objects.filter(last_seen__gte=recent).count(),
-            "node": Node.objects.for_user(user).filter(status=NodeStatus.ONLINE).count()}
-
-
 # --- registration and heartbeats ------------------------------------------------------------------------
 
 
 def register_node(cluster: Cluster, hostname: str, host_facts: dict, devices: list[dict], *, node: Node | None = None,
-                  public_key: str = "", key_id: str | None = None, signed_ts: float = 0.0,
-                  finished_runs: list[int] = ()) -> Node:
+                  public_key: str = "", key_id: str | None = None, signed_ts: float = 0.0) -> Node:
     """Create or update a node from its registration (``trust.register`` has checked who sent it): online unless
-    draining, its queue named by the control plane, host facts and devices as reported, its key bound, and the
-    stages its old worker left running settled (but ``finished_runs``, whose reports are on their way)."""
+    draining, its queue named by the control plane, host facts and devices as reported, its key bound. The stages
+    its old worker left running are settled by the control task that took the registration
+    (``adaptation.jobs.recovery.node_registered``)."""
     now = timezone.now()
     if node is None:
         node = Node(cluster=cluster, hostname=hostname)
@@ -115,36 +66,13 @@ def register_node(cluster: Cluster, hostname: str, host_facts: dict, devices: li
             seen.append(device.pk)
         node.devices.exclude(pk__in=seen).delete()
     logger.info("node %s registered in %s with %d devices", hostname, cluster.join_name, len(seen))
-    if node.pk and signed_ts:
-        settle_runs_of_restarted_node(node, signed_ts, finished_runs)
     return node
-
-
-def settle_runs_of_restarted_node(node: Node, registered_ts: float, finished_runs: list[int] = ()) -> int:
-    """A node registers when its worker starts: a stage it was running before (started before this registration
-    was sent) ended with the old worker process and will send no result, so it fails now with that reason instead
-    of staying "running" until the stage timeout. Stages queued for it stay: their messages wait in its queue.
-    So do ``finished_runs``: their finished reports, kept in the node's outbox, were sent just before this
-    registration, and another control process may be storing one right now."""
-    from datetime import UTC, datetime
-
-    from ..choices import JobStatus
-    from ..jobs import services as jobs
-    from ..models import StageRun
-
-    before = datetime.fromtimestamp(registered_ts, tz=UTC)
-    failed = 0
-    running = StageRun.objects.filter(node=node, status=JobStatus.RUNNING, started__lt=before)
-    for run in running.exclude(pk__in=list(finished_runs)):
-        failed += jobs.fail_stage_run(run, f"Node {node.hostname} restarted while stage {run.kind} was running: the "
-                                           "worker process that ran it ended, so no result will come.")
-    return failed
 
 
 def record_heartbeat(node: Node) -> None:
     """The node is alive now: an offline node comes back online (a draining one stays draining)."""
     Node.objects.filter(pk=node.pk).update(last_heartbeat=timezone.now())
-    Node.objects.filter(pk=node.pk, status=NodeStatus.OFFLINE).update(status=NodeStatus.ONLINE)
+    Node.objects.filter(pk=node.pk).come_back()
 
 
 # --- env-check reports ----------------------------------------------------------------------------------
@@ -260,41 +188,9 @@ def cluster_topology(cluster: Cluster) -> dict:
     }
 
 
-# --- the pre-flight gate --------------------------------------------------------------------------------
-
-
-def preflight_refusals(kind: str, nodes: list[Node], now=None) -> dict[int, str]:
-    """Node id → why the gate refuses it for a stage of ``kind`` (empty when the stage is not gated).
-
-    Gated stages run only on nodes whose latest env check passed (or only warned) and is recent enough. A refused
-    node is named in the job's log with the reason, so the fix is obvious."""
-    if not STAGES[kind].gated:
-        return {}
-    now = now or timezone.now()
-    max_age = timedelta(hours=settings.D0_PREFLIGHT_MAX_AGE_HOURS)
-    latest = EnvReport.objects.latest_per_node(nodes)
-    reasons = {}
-    for node in nodes:
-        report = latest.get(node.pk)
-        if report is None:
-            reasons[node.pk] = f"node {node.hostname} has no env check yet: run an env_check job first"
-        elif report.verdict == CheckVerdict.FAIL:
-            failed = "; ".join(check["message"] for check in report.failed_checks) or "see its report"
-            reasons[node.pk] = f"node {node.hostname} failed its latest env check ({report.created:%Y-%m-%d %H:%M}" \
-                               f" UTC): {failed}"
-        elif now - report.created > max_age:
-            reasons[node.pk] = (f"node {node.hostname}'s latest env check is from {report.created:%Y-%m-%d %H:%M} "
-                                f"UTC, older than {settings.D0_PREFLIGHT_MAX_AGE_HOURS:g} h: run env_check again")
-    return reasons
-
-
 def node_broker_hint() -> dict:
     """The ``--broker`` a node of this install is told to use: this install's broker with its credentials left for
     the operator to fill in (never shown), or, on the zero-setup embedded broker, that only this machine reaches it."""
-    from urllib.parse import urlsplit
-
-    from django.conf import settings
-
     if settings.D0_EMBEDDED_BROKER:
         return {"url": settings.D0_BROKER_URL, "local_only": True}
     parts = urlsplit(settings.D0_BROKER_URL)
@@ -306,9 +202,6 @@ def node_broker_hint() -> dict:
 def delete_cluster(cluster) -> None:
     """Delete a cluster and its history, unless a job of it is still queued or running: its stages would go on on
     the nodes with no job row left to report to (the API answers 409 with the jobs to cancel first)."""
-    from ..choices import ACTIVE_STATUSES
-    from ..jobs.services import Conflict
-
     active = list(cluster.jobs.filter(status__in=list(ACTIVE_STATUSES)).values_list("pk", flat=True)[:10])
     if active:
         raise Conflict(f"Cluster {cluster.name} has active jobs ({', '.join(f'#{pk}' for pk in active)}): cancel "

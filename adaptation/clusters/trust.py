@@ -24,21 +24,11 @@ from django.utils import timezone
 
 from workers import protocol, signing
 
+from ..errors import Rejected, UnknownKey
 from ..models import Cluster, JoinToken, Node, RejectedNodeMessage
-from ..sql import send, table
 from .services import register_node
 
 logger = logging.getLogger(__name__)
-
-
-class Rejected(Exception):
-    def __init__(self, reason: str, cluster: Cluster | None = None, detail: str = ""):
-        super().__init__(reason)
-        self.reason, self.cluster, self.detail = reason, cluster, detail
-
-
-class UnknownKey(Rejected):
-    """Signed by a key no node has: a forgery, or a node's first heartbeat overtaking its registration."""
 
 
 @dataclass(frozen=True)
@@ -97,22 +87,15 @@ def _signed_parts(args) -> tuple[str, str, str]:
     return args[0], args[1], args[2]
 
 
+# Only what checking and applying a report needs: a node's host facts can run to kilobytes of JSON, read on every
+# message for nothing (its cluster loads on first use, for a rejection).
 SENDER_FIELDS = ("id", "cluster_id", "hostname", "status", "public_key", "key_id", "last_signed_ts")
-
-
-def _node_with_key(key_id: str) -> Node | None:
-    nodes = table(Node)
-    return send(f"SELECT {nodes.columns(SENDER_FIELDS)} FROM {nodes.name} WHERE {nodes.column('key_id')} = %s",
-                [key_id], nodes.reader(SENDER_FIELDS)).one()
 
 
 def sender_of(task: str, args) -> Sender:
     """The registered node that signed this message, with its arguments; ``Rejected`` otherwise."""
     key_id, payload, signature = _signed_parts(args)
-    # Only what checking and applying a report needs: a node's host facts can run to kilobytes of JSON, read on
-    # every message for nothing (its cluster loads on first use, for a rejection). Written once as SQL: every node
-    # message takes this read, and the ORM's building of it cost twice its round trip (adaptation/sql.py).
-    node = _node_with_key(key_id)
+    node = Node.objects.only(*SENDER_FIELDS).filter(key_id=key_id).order_by().first()
     if node is None:
         raise UnknownKey("signed by a key no node is registered with", detail=f"key {key_id[:32]}")
     try:
@@ -164,7 +147,17 @@ def newest(sender: Sender, task: str) -> bool:
 # --- registration -----------------------------------------------------------------------------------------
 
 
-def register(args) -> Node | None:
+@dataclass(frozen=True)
+class Registration:
+    """An accepted registration: the node as it is now, when the node signed it, and the stage runs whose finished
+    reports it sent just before (the control task settles what the restart cut short)."""
+
+    node: Node
+    signed_ts: float
+    finished_runs: list[int]
+
+
+def register(args) -> Registration | None:
     """A node worker's registration: ``[payload, signature, token id, token proof]``. The payload carries the
     cluster's join name, the hostname, host facts, devices, the node's public key and the stage runs whose finished
     reports it sent just before (``finished_runs``), signed by that key. A new
@@ -183,7 +176,7 @@ def _registration_parts(args) -> tuple[str, str, str, str]:
     return args[0], args[1], args[2], args[3]
 
 
-def _register(payload: str, signature: str, token_id: str, proof: str) -> Node:
+def _register(payload: str, signature: str, token_id: str, proof: str) -> Registration:
     task = protocol.REGISTER_NODE
     try:
         claim = json.loads(payload)
@@ -223,13 +216,13 @@ def _register(payload: str, signature: str, token_id: str, proof: str) -> Node:
             raise Rejected("replayed registration", cluster, detail)
         try:
             node = register_node(cluster, hostname, host_facts, devices, node=node, public_key=public_key,
-                                 key_id=key_id, signed_ts=float(data["ts"]), finished_runs=finished_runs)
+                                 key_id=key_id, signed_ts=float(data["ts"]))
         except IntegrityError:
             raise Rejected("this key is already bound to another node", cluster, detail) from None
         if token is not None:
             JoinToken.objects.filter(pk=token.pk).update(uses=F("uses") + 1, last_used=timezone.now())
             logger.info("node %s joined %s with join token %s", hostname, cluster.join_name, token.token_id)
-    return node
+    return Registration(node, float(data["ts"]), finished_runs)
 
 
 def _cluster(reference: str, detail: str) -> Cluster:

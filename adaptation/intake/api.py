@@ -13,11 +13,11 @@ from .. import filtersets
 from ..api.base import TeamField, TeamScopedRelatedField, TeamScopedViewSet, ValidatedModelSerializer
 from ..api.errors import ConflictError
 from ..api.schema import CONFLICT
-from ..jobs import services as jobs
 from ..jobs.api import JobDetailSerializer
 from ..models import Cluster, ModelPlan, ModelSpec
 from ..teams.services import is_team_admin
 from . import catalog, services
+from .adapt import submit_adaptation
 
 
 class ModelSpecSerializer(ValidatedModelSerializer):
@@ -158,7 +158,7 @@ class ModelSpecViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Re
         spec = self.get_object()
         adapt_request = AdaptRequestSerializer(data=request.data, context=self.get_serializer_context())
         adapt_request.is_valid(raise_exception=True)
-        job = jobs.submit_adaptation(model=spec, cluster=adapt_request.validated_data["cluster"], user=request.user)
+        job = submit_adaptation(model=spec, cluster=adapt_request.validated_data["cluster"], user=request.user)
         return Response(JobDetailSerializer(job, context=self.get_serializer_context()).data,
                         status=status.HTTP_201_CREATED)
 

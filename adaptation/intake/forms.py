@@ -19,8 +19,14 @@ class ModelSpecForm(TeamChoiceMixin, forms.ModelForm):
         self.scope(user)
 
     def clean_config_file(self):
+        """The upload read and analysed: what the model refuses about its config is this field's error."""
         upload = self.cleaned_data["config_file"]
         self.instance.config = read_config_upload(upload)
+        try:
+            self.instance.analyse()
+        except ValidationError:
+            self.instance.config = None  # refused here: the model has no config left to judge again
+            raise
         return upload
 
     def clean(self):
@@ -32,12 +38,6 @@ class ModelSpecForm(TeamChoiceMixin, forms.ModelForm):
             except ValidationError as error:
                 self.add_error("name", error)
         return cleaned
-
-    def _update_errors(self, errors):
-        # The model's rules about ``config`` concern what this form calls ``config_file``.
-        if hasattr(errors, "error_dict") and "config" in errors.error_dict:
-            errors.error_dict.setdefault("config_file", []).extend(errors.error_dict.pop("config"))
-        super()._update_errors(errors)
 
 
 class PlanForm(forms.Form):

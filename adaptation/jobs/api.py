@@ -1,8 +1,6 @@
 """Jobs and their stage runs: ``/api/jobs/`` (submit; ``cancel`` and ``retry`` actions) and ``/api/stage-runs/``."""
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db.models import F
-from django.utils import timezone
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
@@ -14,7 +12,7 @@ from .. import filtersets
 from ..api.base import TeamScopedRelatedField, TeamScopedViewSet
 from ..api.errors import as_drf_validation_error
 from ..api.schema import CONFLICT
-from ..choices import StageKind
+from .. import stages as handlers
 from ..models import AdaptationJob, Cluster, ModelSpec, StageRun
 from ..pagination import IndexedPageNumberPagination
 from . import services
@@ -43,7 +41,8 @@ class JobParametersField(serializers.JSONField):
 class JobSerializer(serializers.ModelSerializer):
     cluster = TeamScopedRelatedField(queryset=Cluster.objects.all())
     model = TeamScopedRelatedField(queryset=ModelSpec.objects.all(), required=False, allow_null=True)
-    stages = serializers.ListField(child=serializers.ChoiceField(choices=StageKind.choices), allow_empty=False)
+    # Its choices are the registered kinds when the serializer is made (a kind may be registered after start-up).
+    stages = serializers.ListField(child=serializers.ChoiceField(choices=()), allow_empty=False)
     parameters = JobParametersField(required=False, default=dict)
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     submitted_by = serializers.StringRelatedField(read_only=True)
@@ -55,6 +54,10 @@ class JobSerializer(serializers.ModelSerializer):
         fields = ["id", "team", "cluster", "cluster_name", "model", "model_name", "stages", "parameters", "status",
                   "progress", "created", "started", "finished", "error", "submitted_by", "retry_of"]
         read_only_fields = ["status", "progress", "created", "started", "finished", "error", "retry_of"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["stages"].child.choices = handlers.choices()
 
     def validate_parameters(self, value):
         if not isinstance(value, dict):
@@ -83,34 +86,6 @@ class JobDetailSerializer(JobSerializer):
         read_only_fields = [*JobSerializer.Meta.read_only_fields, "error_traceback", "log"]
 
 
-def job_list_rows(jobs):
-    """A page of the job list as plain values: the job's listed columns and, of its team, cluster, model and
-    submitter, the label the list shows."""
-    return jobs.values("id", "cluster", "model", "stages", "parameters", "status", "progress", "created", "started",
-                       "finished", "error", "retry_of", team_slug=F("team__slug"), cluster_name=F("cluster__name"),
-                       model_name=F("model__name"), submitted_by_name=F("submitted_by__username"))
-
-
-class JobRowSerializer(serializers.BaseSerializer):
-    """A row of ``job_list_rows`` as JobSerializer writes the job (tests/test_api_lists.py holds them equal): a
-    job, its team, cluster, model and submitter made as model instances and read through DRF's fields per column
-    were 70% of the list's CPU at 10,000 jobs. The dates go through DRF's own DateTimeField, given the request's
-    time zone once: without it, the field looks it up for every date it writes (75 per page, 8% of the list's CPU)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._date = serializers.DateTimeField(default_timezone=timezone.get_current_timezone())
-
-    def to_representation(self, row):
-        date = self._date.to_representation
-        return {"id": row["id"], "team": row["team_slug"], "cluster": row["cluster"],
-                "cluster_name": row["cluster_name"], "model": row["model"], "model_name": row["model_name"],
-                "stages": row["stages"], "parameters": row["parameters"], "status": row["status"],
-                "progress": row["progress"], "created": date(row["created"]), "started": date(row["started"]),
-                "finished": date(row["finished"]), "error": row["error"], "submitted_by": row["submitted_by_name"],
-                "retry_of": row["retry_of"]}
-
-
 class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
     """Adaptation jobs. Submitting saves the job and enqueues it; ``cancel`` and ``retry`` are POST actions."""
 
@@ -119,25 +94,20 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
     ordering_fields = ["created", "status", "finished"]
     ordering = ["-created"]
     pagination_class = IndexedPageNumberPagination
-    page_rows = staticmethod(job_list_rows)  # how the list reads a page's rows (IndexedPageNumberPagination)
     select_related = ("team", "cluster", "model", "submitted_by")
 
     def get_serializer_class(self):
-        if self.action in ("retrieve", "cancel", "retry"):
-            return JobDetailSerializer
-        if self.action == "list":
-            return JobRowSerializer
-        return JobSerializer
+        return JobDetailSerializer if self.action in ("retrieve", "cancel", "retry") else JobSerializer
 
     def get_queryset(self):
+        queryset = super().get_queryset()
         if self.action == "list":
-            # The page's ids come from the team's covering index; only the page's rows are joined (page_rows).
-            return self.queryset.for_user(self.request.user)
-        return super().get_queryset().prefetch_related("stage_runs")
-
-    @extend_schema(responses=JobSerializer(many=True))
-    def list(self, request, *args, **kwargs):
-        return super().list(request, *args, **kwargs)
+            # The job's listed columns and, of its team, cluster, model and submitter, only the label the list shows
+            # (not a model's config and analysis JSON, nor a user's password hash).
+            return queryset.only("stages", "parameters", "status", "progress", "created", "started", "finished",
+                                 "error", "retry_of", "team__slug", "cluster__name", "model__name",
+                                 "submitted_by__username")
+        return queryset.prefetch_related("stage_runs")
 
     @extend_schema(request=None, responses={200: JobDetailSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])

@@ -6,8 +6,8 @@ from django.core.exceptions import ValidationError
 from workers.engine.parameters import ParameterError
 from workers.engine.stages import check_job_parameters
 
-from ..choices import StageKind
-from ..models import Cluster, ModelSpec, Node, VirtualBackend
+from .. import stages as handlers
+from ..models import Cluster, ModelSpec, Node
 from ..teams.forms import TeamChoiceMixin
 from .stage_fields import error_field, read_values, stage_fields
 
@@ -19,8 +19,7 @@ class JobForm(TeamChoiceMixin, forms.Form):
     cluster = forms.ModelChoiceField(queryset=Cluster.objects.all())
     model = forms.ModelChoiceField(queryset=ModelSpec.objects.all(), required=False,
                                    help_text="Not needed for an environment probe.")
-    stages = forms.MultipleChoiceField(choices=StageKind.choices, widget=forms.CheckboxSelectMultiple,
-                                       initial=[StageKind.values[0]])
+    stages = forms.MultipleChoiceField(choices=handlers.choices, widget=forms.CheckboxSelectMultiple)
     nodes = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple,
                                       help_text="The nodes the job may use (none ticked: every online node).")
     parameters = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), required=False,
@@ -30,6 +29,7 @@ class JobForm(TeamChoiceMixin, forms.Form):
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
+        self.fields["stages"].initial = handlers.kinds()[:1]
         self.scope(user)
         clusters = self.fields["cluster"].queryset
         if "cluster" not in self.initial and clusters.count() == 1:
@@ -37,13 +37,13 @@ class JobForm(TeamChoiceMixin, forms.Form):
         nodes = Node.objects.filter(cluster__in=clusters).select_related("cluster").order_by("cluster__name",
                                                                                              "hostname")
         self.fields["nodes"].choices = [(node.hostname, f"{node.cluster.name}: {node.hostname}") for node in nodes]
-        self.stage_groups = stage_fields(VirtualBackend.objects.for_user(user))
+        self.stage_groups = stage_fields(user)
         for fields in self.stage_groups.values():
             self.fields.update(fields)
 
     def stage_fieldsets(self):
         """``[(kind, label, [bound fields])]`` for the template, one fieldset per stage that takes parameters."""
-        labels = dict(StageKind.choices)
+        labels = dict(handlers.choices())
         return [(kind, labels[kind], [self[name] for name in fields]) for kind, fields in self.stage_groups.items()
                 if fields]
 

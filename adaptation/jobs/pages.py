@@ -5,17 +5,15 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.db.models import F
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 
+from .. import stages as handlers
 from ..choices import ACTIVE_STATUSES, STATUS_COLOURS
-from ..clusters.services import clusters_with_counts
 from ..filtersets import JobFilterSet
-from ..models import AdaptationJob, StageRun
+from ..models import AdaptationJob, Cluster, StageRun
 from ..pagination import IndexedPaginator
 from . import services
 from .forms import JobForm
@@ -23,17 +21,18 @@ from .outcomes import outcome
 
 
 def job_table_rows(jobs):
-    """What the job table (templates/adaptation/jobs/_table.html) shows of each job in ``jobs``, as plain values:
-    a job, its cluster, its model and its submitter made as model instances cost more than the rest of the table."""
-    return jobs.values("pk", "stages", "status", "progress", "created", cluster_name=F("cluster__name"),
-                       model_name=F("model__name"), submitted_by_name=F("submitted_by__username"))
+    """``jobs`` as the job table (templates/adaptation/jobs/_table.html) reads them: the job's columns it shows and
+    the names of its cluster, model and submitter (the rest of their rows, a model's config and analysis JSON
+    among them, stays unread)."""
+    return jobs.select_related("cluster", "model", "submitted_by").only(
+        "stages", "status", "progress", "created", "cluster__name", "model__name", "submitted_by__username")
 
 
 @login_required
 def dashboard(request):
     jobs = job_table_rows(services.job_rows(request.user))
     return render(request, "adaptation/jobs/dashboard.html", {
-        "clusters": clusters_with_counts(request.user),
+        "clusters": Cluster.objects.for_user(request.user).select_related("team").with_node_counts(),
         "running_jobs": jobs.filter(status__in=list(ACTIVE_STATUSES))[:20],
         "recent_jobs": jobs.exclude(status__in=list(ACTIVE_STATUSES))[:10],
     })
@@ -43,7 +42,7 @@ def dashboard(request):
 def job_list(request):
     jobs = services.job_rows(request.user)
     filterset = JobFilterSet(request.GET or None, queryset=jobs, request=request)
-    page = IndexedPaginator(filterset.qs, settings.D0_PAGE_SIZE, rows=job_table_rows).get_page(request.GET.get("page"))
+    page = IndexedPaginator(job_table_rows(filterset.qs), settings.D0_PAGE_SIZE).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
     return render(request, "adaptation/jobs/list.html", {"filter": filterset, "page": page,
@@ -81,22 +80,11 @@ def _job_for(request, pk, jobs=AdaptationJob.objects):
 
 
 def stage_page(job: AdaptationJob, run: StageRun) -> str | None:
-    """The page that shows what a stage run found, once it has a result."""
-    if run.status != "succeeded" and run.kind != "sharded_run":
+    """The page that shows what a stage run found, as its stage's handler says."""
+    try:
+        return handlers.handler(run.kind).page(job, run)
+    except KeyError:  # a kind no longer registered
         return None
-    if run.kind == "env_check":
-        return reverse("cluster-topology", args=[job.cluster_id])
-    if run.kind == "op_coverage":
-        return reverse("model-coverage", args=[job.model_id])
-    if run.kind == "sharded_run" and run.status in ("succeeded", "failed"):
-        return reverse("sharded-run", args=[run.pk])
-    if run.kind == "sweep":
-        return reverse("sweep-report", args=[run.pk])
-    if run.kind == "serve_sweep":
-        return reverse("engine-report", args=[run.pk])
-    if run.kind == "endpoint_bench":
-        return reverse("endpoint-report", args=[run.pk])
-    return None
 
 
 def job_progress_payload(job: AdaptationJob, runs: list[StageRun] | None = None) -> dict:

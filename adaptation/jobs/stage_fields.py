@@ -2,7 +2,8 @@
 every parameter a stage takes, with its default, range and help, and reads the values back typed.
 
 A field left blank means "the stage's default" (shown as the placeholder): only what a user fills in is sent.
-Lists and objects are JSON; the team's virtual backends are a choice, not ids to type. Values are checked by the
+Lists and objects are JSON; a stage's handler may offer a field of its own for a parameter (the team's virtual
+backends are a choice, not ids to type). Values are checked by the
 same declarations the API uses (``check_job_parameters``), and an error lands on the field it is about.
 """
 
@@ -13,6 +14,8 @@ import json
 from django import forms
 
 from workers.engine.stages import STAGES
+
+from .. import stages as handlers
 
 SEPARATOR = "__"
 
@@ -40,15 +43,12 @@ def _default_text(parameter) -> str:
     return json.dumps(parameter.default) if not isinstance(parameter.default, str) else parameter.default
 
 
-def _field(parameter, virtual_backends) -> forms.Field:
+def _field(parameter) -> forms.Field:
     allowed = _allowed(parameter)
     help_text = parameter.help + (f". Allowed: {allowed}" if allowed else "") + \
         f". Default: {_default_text(parameter)}."
     common = {"required": False, "label": parameter.name, "help_text": help_text}
     placeholder = {"placeholder": _default_text(parameter)}
-    if parameter.name == "virtual_backends" and virtual_backends is not None:
-        return forms.ModelMultipleChoiceField(queryset=virtual_backends, widget=forms.CheckboxSelectMultiple,
-                                              **{**common, "help_text": parameter.help + "."})
     if parameter.kind == "bool":
         return forms.TypedChoiceField(choices=[("", f"default ({_default_text(parameter)})"), ("true", "yes"),
                                                ("false", "no")], coerce=lambda value: value == "true",
@@ -66,11 +66,14 @@ def _field(parameter, virtual_backends) -> forms.Field:
     return forms.CharField(widget=forms.TextInput(attrs=placeholder), **common)
 
 
-def stage_fields(virtual_backends=None) -> dict[str, dict[str, forms.Field]]:
-    """``{kind: {field name: field}}`` for every stage's user parameters."""
-    return {kind: {field_name(kind, parameter.name): _field(parameter, virtual_backends)
-                   for parameter in spec.parameters if parameter.set_by == "user"}
-            for kind, spec in STAGES.items()}
+def stage_fields(user) -> dict[str, dict[str, forms.Field]]:
+    """``{kind: {field name: field}}`` for every stage's user parameters, as ``user`` may fill them in."""
+    fields = {}
+    for kind, spec in STAGES.items():
+        handler = handlers.handler(kind)
+        fields[kind] = {field_name(kind, parameter.name): handler.form_field(parameter, user) or _field(parameter)
+                        for parameter in spec.parameters if parameter.set_by == "user"}
+    return fields
 
 
 def read_values(kind: str, cleaned: dict, add_error) -> dict:
@@ -83,7 +86,7 @@ def read_values(kind: str, cleaned: dict, add_error) -> dict:
         value = cleaned[name]
         if value in (None, "") or (hasattr(value, "exists") and not value.exists()):
             continue
-        if parameter.name == "virtual_backends" and hasattr(value, "values_list"):
+        if hasattr(value, "values_list"):  # rows chosen in a handler's field are sent as their ids
             value = sorted(value.values_list("pk", flat=True))
         elif parameter.kind in ("list", "object"):
             try:

@@ -1,4 +1,4 @@
-"""The job state machine's statements on the path every stage takes, written once as SQL (adaptation/sql.py):
+"""The job state machine's statements on the path every stage takes, written once as SQL (adaptation/jobs/sql.py):
 insert a job, lock a job with its cluster, read a cluster's online nodes, insert a stage run, end a run, read a
 job's runs, update a job. What they write is the models' own transitions (``StatusTransitions.finished_fields``
 and the like); what decides a job's next step stays in ``adaptation.jobs.services``.
@@ -13,7 +13,7 @@ from django.db import connection
 
 from ..choices import ACTIVE_STATUSES, NodeStatus
 from ..models import AdaptationJob, Cluster, Node, StageRun
-from ..sql import Pending, placeholders, send, table
+from .sql import Pending, placeholders, send, table
 
 # A job as the control plane reads it under its lock: without its log and traceback (they only grow).
 JOB_READ = tuple(f.attname for f in AdaptationJob._meta.concrete_fields if f.name not in ("log", "error_traceback"))

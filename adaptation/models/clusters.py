@@ -8,7 +8,12 @@ from .teams import Team, TeamOwnedQuerySet
 
 
 class ClusterQuerySet(TeamOwnedQuerySet):
-    pass
+    def with_node_counts(self):
+        """Each cluster with how many nodes it has (``node_count``) and how many are online (``nodes_online``)."""
+        return self.annotate(
+            node_count=models.Count("nodes", distinct=True),
+            nodes_online=models.Count("nodes", filter=models.Q(nodes__status=NodeStatus.ONLINE), distinct=True),
+        )
 
 
 class Cluster(models.Model):
@@ -35,6 +40,14 @@ class Cluster(models.Model):
 
 class NodeQuerySet(TeamOwnedQuerySet):
     team_path = "cluster__team"
+
+    # A node's status changes with its heartbeats, each a conditional UPDATE returning how many rows moved.
+    def go_offline(self) -> int:
+        return self.update(status=NodeStatus.OFFLINE)
+
+    def come_back(self) -> int:
+        """An offline node heard from again is online (a draining one stays draining)."""
+        return self.filter(status=NodeStatus.OFFLINE).update(status=NodeStatus.ONLINE)
 
 
 class Node(models.Model):

@@ -10,13 +10,14 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import F, Value
-from django.db.models.functions import Concat
+from django.db.models.functions import Coalesce, Concat
 from django.utils import timezone
 
 from workers.engine.parameters import ParameterError, under_roots
 from workers.engine.stages import STAGES, check_job_parameters, path_parameters
 
-from ..choices import ACTIVE_STATUSES, TERMINAL_STATUSES, JobStatus, StageKind
+from .. import stages as handlers
+from ..choices import ACTIVE_STATUSES, TERMINAL_STATUSES, JobStatus
 from .clusters import Cluster, Node
 from .specs import ModelSpec
 from .teams import Team, TeamOwnedQuerySet
@@ -66,14 +67,10 @@ class StatusTransitions(models.Model):
     def cancelled_fields(**fields) -> dict:
         return {"status": JobStatus.CANCELLED, "finished": timezone.now(), **fields}
 
-    def _transition(self, from_statuses, fields: dict) -> bool:
-        """Write ``fields`` (a new status among them) only if the row is still in one of ``from_statuses``; True if
-        it moved.
-
-        One UPDATE and no reload when it moved: the instance takes the values it wrote (a field written from an
-        expression, such as an appended log, is left to load on first use). When it did not move, the row is read
-        again so the caller sees the status that won."""
-        moved = type(self).objects.filter(pk=self.pk, status__in=list(from_statuses)).update(**fields)
+    def _transition(self, moved: int, fields: dict) -> bool:
+        """The instance after one of the queryset's transitions (``moved``: the rows it changed, 0 or 1): it takes
+        the values written, with no reload (a field written from an expression, such as an appended log, is left to
+        load on first use); when it did not move, the row is read again so the caller sees the status that won."""
         if moved:
             for name, value in fields.items():
                 if hasattr(value, "resolve_expression"):
@@ -84,26 +81,58 @@ class StatusTransitions(models.Model):
             self.refresh_from_db()
         return moved == 1
 
+    def _row(self):
+        return type(self).objects.filter(pk=self.pk)
+
     def start(self, **fields) -> bool:
-        return self._transition([JobStatus.QUEUED], self.started_fields(**fields))
+        fields = self.started_fields(**fields)
+        return self._transition(self._row().begin(fields), fields)
 
     def finish(self, **fields) -> bool:
-        return self._transition(ACTIVE_STATUSES, self.finished_fields(**fields))
+        fields = self.finished_fields(**fields)
+        return self._transition(self._row().end(fields), fields)
 
     def fail(self, error: str, traceback: str = "", **fields) -> bool:
-        return self._transition(ACTIVE_STATUSES, self.failed_fields(error, traceback, **fields))
+        fields = self.failed_fields(error, traceback, **fields)
+        return self._transition(self._row().end(fields), fields)
 
     def cancel(self, **fields) -> bool:
-        return self._transition(ACTIVE_STATUSES, self.cancelled_fields(**fields))
-
-    def set_progress(self, fraction: float) -> bool:
-        fraction = min(max(float(fraction), 0.0), 1.0)
-        return type(self).objects.filter(pk=self.pk, status=JobStatus.RUNNING).update(progress=fraction) == 1
+        fields = self.cancelled_fields(**fields)
+        return self._transition(self._row().end(fields), fields)
 
 
-class AdaptationJobQuerySet(TeamOwnedQuerySet):
+class StatusQuerySet(TeamOwnedQuerySet):
+    """The status machine's transitions on the rows of a queryset, each a conditional UPDATE that changes only rows
+    still in a status they may leave, returning how many moved. Every status change of a job or a stage run goes
+    through these (or through the control plane's statements, adaptation/jobs/statements.py, which write the same
+    ``*_fields``)."""
+
     def active(self):
         return self.filter(status__in=list(ACTIVE_STATUSES))
+
+    def start(self, **fields) -> int:
+        return self.begin(self.model.started_fields(**fields))
+
+    def cancel(self, **fields) -> int:
+        return self.end(self.model.cancelled_fields(**fields))
+
+    def begin(self, fields: dict) -> int:
+        """Queued rows start as ``fields`` say (``started_fields``' result)."""
+        return self.filter(status=JobStatus.QUEUED).update(**fields)
+
+    def end(self, fields: dict) -> int:
+        """Active rows end as ``fields`` say (a ``*_fields`` result: its terminal status with its time)."""
+        return self.active().update(**fields)
+
+    def set_progress(self, fraction) -> int:
+        """Running rows take the new progress (a value or an expression); an ended one keeps its own."""
+        return self.filter(status=JobStatus.RUNNING).update(progress=fraction)
+
+    def running_with_progress(self, fraction, message: str) -> int:
+        """A progress report proves the stage runs: active rows become running (dated now unless their "started"
+        report came first: reports travel independently, so progress can overtake it), with the new progress."""
+        return self.active().update(status=JobStatus.RUNNING, started=Coalesce(F("started"), Value(timezone.now())),
+                                    progress=fraction, message=message)
 
 
 class AdaptationJob(StatusTransitions):
@@ -117,7 +146,7 @@ class AdaptationJob(StatusTransitions):
                                      related_name="+")
     retry_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries")
 
-    objects = AdaptationJobQuerySet.as_manager()
+    objects = StatusQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created"]
@@ -132,13 +161,14 @@ class AdaptationJob(StatusTransitions):
     def clean(self):
         errors = {}
         stages = self.stages
+        known = handlers.kinds()
         if not isinstance(stages, list) or not stages:
             errors["stages"] = "Choose at least one stage."
         else:
-            unknown = [kind for kind in stages if kind not in StageKind.values]
+            unknown = [kind for kind in stages if kind not in known]
             if unknown:
                 errors["stages"] = (f"Unknown stage kind(s): {', '.join(map(str, unknown))}. "
-                                    f"Known: {', '.join(StageKind.values)}.")
+                                    f"Known: {', '.join(known)}.")
             elif len(set(stages)) != len(stages):
                 errors["stages"] = "Each stage can appear only once."
             else:
@@ -150,7 +180,9 @@ class AdaptationJob(StatusTransitions):
         elif isinstance(stages, list) and "stages" not in errors:
             try:
                 self.parameters = check_job_parameters(stages, self.parameters)
-                self._check_parameters_against_the_cluster()
+                for kind in stages:
+                    handlers.handler(kind).check(self)
+                self._check_paths_against_the_cluster()
             except ParameterError as error:
                 errors["parameters"] = f"{error.key}: {error.message}"
         if self.cluster_id and self.team_id and self.cluster.team_id != self.team_id:
@@ -160,26 +192,9 @@ class AdaptationJob(StatusTransitions):
         if errors:
             raise ValidationError(errors)
 
-    def _check_parameters_against_the_cluster(self) -> None:
-        """What only the control plane can check: virtual backends are the team's own, and a path parameter lies
-        under a data root some node of the cluster reported (the node checks it again against its own roots)."""
-        from .coverage import VirtualBackend
-
-        ids = (self.parameters.get("op_coverage") or {}).get("virtual_backends") or []
-        if ids and self.team_id:
-            known = set(VirtualBackend.objects.filter(team_id=self.team_id, pk__in=ids).values_list("pk", flat=True))
-            missing = [backend for backend in ids if backend not in known]
-            if missing:
-                raise ParameterError("op_coverage.virtual_backends", f"no virtual backend {missing[0]} in this team")
-        if "endpoint_bench" in (self.stages or []) and self.team_id:
-            from .serving import ServingEndpoint
-
-            endpoint = (self.parameters.get("endpoint_bench") or {}).get("endpoint")
-            if endpoint is None:
-                raise ParameterError("endpoint_bench.endpoint", "required: the id of one of the team's serving "
-                                                                "endpoints (/endpoints/)")
-            if not ServingEndpoint.objects.filter(team_id=self.team_id, pk=endpoint).exists():
-                raise ParameterError("endpoint_bench.endpoint", f"no serving endpoint {endpoint} in this team")
+    def _check_paths_against_the_cluster(self) -> None:
+        """A path parameter lies under a data root some node of the cluster reported (the node checks it again
+        against its own roots)."""
         for kind in self.stages:
             for name in path_parameters(kind):
                 path = (self.parameters.get(kind) or {}).get(name)
@@ -203,7 +218,7 @@ def log_lines(*lines: str):
     return Concat(F("log"), Value(stamped(*lines)))
 
 
-class StageRunQuerySet(TeamOwnedQuerySet):
+class StageRunQuerySet(StatusQuerySet):
     team_path = "job__team"
 
 
@@ -211,7 +226,9 @@ class StageRun(StatusTransitions):
     """One stage of a job on one node."""
 
     job = models.ForeignKey(AdaptationJob, on_delete=models.CASCADE, related_name="stage_runs")
-    kind = models.CharField(max_length=32, choices=StageKind.choices)
+    # One of the registered stage kinds (adaptation/jobs/stages.py), checked when the job is: not database choices,
+    # so a new kind needs no migration.
+    kind = models.CharField(max_length=32)
     node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="stage_runs")
     node_name = models.CharField(max_length=255, blank=True, help_text="Kept when the node row is deleted.")
     message = models.CharField(max_length=255, blank=True, help_text="The latest progress message.")

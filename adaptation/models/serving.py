@@ -44,11 +44,11 @@ class ServingEndpoint(models.Model):
         return bool(self.api_key_encrypted)
 
     def set_api_key(self, key: str | None) -> None:
-        from ..serving.secrets import encrypt
+        from ..secrets import encrypt
 
         self.api_key_encrypted = encrypt(key) if key else ""
 
     def api_key(self) -> str | None:
-        from ..serving.secrets import decrypt
+        from ..secrets import decrypt
 
         return decrypt(self.api_key_encrypted) if self.api_key_encrypted else None

@@ -43,20 +43,31 @@ class ModelSpec(models.Model):
     def clean(self):
         if self.config is not None and not isinstance(self.config, dict):
             raise ValidationError({"config": "A config.json must be a JSON object ({...}), not a single value."})
-        if isinstance(self.config, dict) and (self.analysis is None or self._config_changed()):
-            # The analysis is the config's validation too: a config it cannot read is refused with its reason
-            # (it checks every dimension's range before building anything, so this never hangs or allocates).
-            # It runs in the analysis process (torch and transformers stay out of the web tier).
-            from workers.engine.analysis.worker import AnalysisFailed
-
-            from ..intake.analysis import analyze
-
+        if isinstance(self.config, dict) and self._analysed is not self.config and (
+                self.analysis is None or self._config_changed()):
             try:
-                self.analysis = analyze(self.config)
-            except ValueError as error:  # ConfigError is a ValueError
-                raise ValidationError({"config": f"d0 cannot read this config: {error}"}) from None
-            except AnalysisFailed as error:
-                raise ValidationError({"config": f"d0 could not analyse this config: {error}"}) from None
+                self.analyse()
+            except ValidationError as error:
+                raise ValidationError({"config": error.messages}) from None
+
+    # The config the analysis was made from, in this process: not analysed again when the instance is cleaned.
+    _analysed = None
+
+    def analyse(self) -> None:
+        """The config's analysis, which is its validation too: a config it cannot read is a ValidationError with
+        the reason (it checks every dimension's range before building anything, so this never hangs or
+        allocates). It runs in the analysis process (torch and transformers stay out of the web tier)."""
+        from workers.engine.analysis.worker import AnalysisFailed
+
+        from ..analysis_process import analyze
+
+        try:
+            self.analysis = analyze(self.config)
+        except ValueError as error:  # ConfigError is a ValueError
+            raise ValidationError(f"d0 cannot read this config: {error}") from None
+        except AnalysisFailed as error:
+            raise ValidationError(f"d0 could not analyse this config: {error}") from None
+        self._analysed = self.config
 
     def _config_changed(self) -> bool:
         if self.pk is None:

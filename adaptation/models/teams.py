@@ -1,48 +1,23 @@
-from contextvars import ContextVar
-
 from django.conf import settings
-from django.core.signals import request_finished, request_started
 from django.db import models
-from django.db.models.signals import m2m_changed, post_delete, post_save
-from django.dispatch import receiver
 
 from ..choices import TeamRole
-
-# The team ids of each user seen in the current request, by user id: read once per request, and only inside one
-# (a worker process or a shell reads them afresh each time, so nothing there can go stale).
-_team_ids_this_request: ContextVar[dict[int, tuple[int, ...]] | None] = ContextVar("d0_team_ids", default=None)
 
 
 def team_ids_of(user) -> tuple[int, ...]:
     """The ids of the teams ``user`` belongs to. Scoping by ``team_id IN (these ids)`` rather than through the
     membership join lets PostgreSQL read a list from its ``(team, -created)`` index instead of sorting every row
-    of the team; one small query per request pays for it."""
+    of the team; one small query per request pays for it.
+
+    Read once per user instance and kept on it, as Django's ModelBackend keeps a user's permissions
+    (``_perm_cache``): a session or a token reads its user afresh for every request, so a membership added or
+    removed counts from the next request on."""
     if not user.is_authenticated:
         return ()
-    cache = _team_ids_this_request.get()
-    if cache is not None and user.pk in cache:
-        return cache[user.pk]
-    ids = tuple(Membership.objects.filter(user_id=user.pk).order_by().values_list("team_id", flat=True))
-    if cache is not None:
-        cache[user.pk] = ids
-    return ids
-
-
-def remember_team_ids(user_id: int, ids: tuple[int, ...]) -> None:
-    """``team_ids_of`` for this request, read with the user by the sign-in (adaptation/teams/auth.py)."""
-    cache = _team_ids_this_request.get()
-    if cache is not None:
-        cache[user_id] = ids
-
-
-@receiver(request_started)
-def _start_request_cache(**kwargs):
-    _team_ids_this_request.set({})
-
-
-@receiver(request_finished)
-def _end_request_cache(**kwargs):
-    _team_ids_this_request.set(None)
+    if not hasattr(user, "_team_ids_cache"):
+        user._team_ids_cache = tuple(Membership.objects.filter(user_id=user.pk).order_by()
+                                     .values_list("team_id", flat=True))
+    return user._team_ids_cache
 
 
 class TeamQuerySet(models.QuerySet):
@@ -93,13 +68,3 @@ class TeamOwnedQuerySet(models.QuerySet):
         if not user.is_authenticated:
             return self.none()
         return self.filter(**{f"{self.team_path}__in": team_ids_of(user)})
-
-
-@receiver([post_save, post_delete, m2m_changed], sender=Membership)
-def _forget_team_ids(**kwargs):
-    """A membership made or removed during a request (a new team, a member removed; through ``team.members`` or
-    ``user.teams`` too, which send no save signal and may name many users) counts at once: every user's ids are
-    read again. Memberships change rarely; dropping all costs nothing."""
-    cache = _team_ids_this_request.get()
-    if cache is not None:
-        cache.clear()

@@ -7,25 +7,16 @@ from rest_framework import mixins, serializers
 from rest_framework.decorators import action
 
 from ..api.base import CreatorOrTeamAdminMixin, TeamField, TeamScopedViewSet, ValidatedModelSerializer
-from ..jobs.api import StageRunListSerializer, StageRunSerializer
-from ..models import ServingEndpoint, StageRun
-from ..sweeps.pages import download
+from ..models import ServingEndpoint
+from ..reports import ReportViewSet, download
 from .services import ENDPOINT_REPORT_KIND, ENGINE_REPORT_KIND, recipe_script
 
 
-class _ReportViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
-    ordering = ["-id"]
-    filterset_fields = ["job"]
-
-    def get_serializer_class(self):
-        return StageRunListSerializer if self.action == "list" else StageRunSerializer
-
-
-class EngineReportViewSet(_ReportViewSet):
+class EngineReportViewSet(ReportViewSet):
     """Engine reports: a real engine serving the model on a node, its trials, correctness and recipe. The detail is
     the JSON; ``recipe`` downloads the best configuration as a shell script."""
 
-    queryset = StageRun.objects.filter(kind=ENGINE_REPORT_KIND, status="succeeded")
+    kind = ENGINE_REPORT_KIND
 
     @extend_schema(responses={(200, "text/x-shellscript"): str})
     @action(detail=True, methods=["get"])
@@ -34,10 +25,10 @@ class EngineReportViewSet(_ReportViewSet):
         return download(recipe_script(run.result), "text/x-shellscript", f"d0-recipe-{run.pk}.sh")
 
 
-class EndpointReportViewSet(_ReportViewSet):
+class EndpointReportViewSet(ReportViewSet):
     """Benchmarks of serving endpoints someone else runs: d0's load client at each concurrency asked for."""
 
-    queryset = StageRun.objects.filter(kind=ENDPOINT_REPORT_KIND, status="succeeded")
+    kind = ENDPOINT_REPORT_KIND
 
 
 class ServingEndpointSerializer(ValidatedModelSerializer):

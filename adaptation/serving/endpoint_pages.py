@@ -10,7 +10,7 @@ from django.views.decorators.http import require_POST
 
 from ..jobs import services as jobs
 from ..models import ServingEndpoint, StageRun
-from ..sweeps.pages import json_download, report_run
+from ..reports import json_download, report_run
 from ..teams.services import may_change
 from .forms import EndpointBenchForm, ServingEndpointForm
 from .services import ENDPOINT_REPORT_KIND, endpoint_report_context

@@ -6,7 +6,7 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
 from ..models import StageRun
-from ..sweeps.pages import compare_context, download, json_download, report_run
+from ..reports import compare_context, download, json_download, report_run
 from .services import ENGINE_REPORT_KIND, recipe_script, report_context
 
 

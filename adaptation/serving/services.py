@@ -1,9 +1,14 @@
-"""Engine reports as the pages, the API and the downloads read them, the recipe as a script, and whether a
-cluster has a node that serves with a real engine (then the whole adaptation runs the engine sweep)."""
+"""Engine reports as the pages, the API and the downloads read them (the stored results read through the engine's
+``ServeSweepResult`` and ``EndpointBenchResult``, their trials through its one row declaration, ``trial_row``), the
+recipe as a script, and whether a cluster has a node that serves with a real engine (then the whole adaptation runs
+the engine sweep)."""
 
 from __future__ import annotations
 
 import shlex
+
+from workers.engine.sweep.result import EndpointBenchResult, ServeSweepResult
+from workers.engine.sweep.trial_row import endpoint_bench_table, serve_sweep_table
 
 from ..choices import NodeStatus
 from ..models import Cluster, ServingEndpoint, StageRun
@@ -65,28 +70,20 @@ def recipe_script(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _rows(result: dict) -> list[dict]:
-    rows = []
-    for trial in result.get("trials", []):
-        rows.append({**trial, "settings_text": ", ".join(f"{key}={value}"
-                                                         for key, value in trial.get("settings", {}).items()),
-                     "client_text": ", ".join(f"{key}={value}" for key, value in (trial.get("client") or {}).items())})
-    return rows
-
-
 def endpoint_report_context(run: StageRun) -> dict:
-    result = run.result
-    endpoint = result.get("endpoint") or {}
-    return {"run": run, "result": result, "endpoint": endpoint, "best": result.get("best"), "trials": _rows(result),
+    result = EndpointBenchResult.from_dict(run.result)
+    endpoint = result.endpoint
+    return {"run": run, "result": result, "endpoint": endpoint, "best": result.best,
+            "table": endpoint_bench_table(result),
             "title": f"{endpoint.get('served_model', 'endpoint')} at {endpoint.get('base_url', '?')} "
                      f"(model {run.job.model}, client on {run.node_name}, job {run.job_id})"}
 
 
 def report_context(run: StageRun) -> dict:
-    result = run.result
-    correctness = result.get("correctness") or {}
-    return {"run": run, "result": result, "recipe": result.get("recipe"), "engine": result.get("engine") or {},
-            "weights": result.get("weights") or {}, "tensors": result.get("tensors") or {},
-            "correctness": correctness, "trials": _rows(result),
-            "title": f"{(result.get('engine') or {}).get('name', 'engine')} serving {run.job.model} on "
+    result = ServeSweepResult.from_dict(run.result)
+    return {"run": run, "result": result, "recipe": result.recipe,
+            "prediction_efficiency": result.prediction_efficiency, "engine": result.engine,
+            "weights": result.weights, "tensors": result.tensors,
+            "correctness": result.correctness or {}, "table": serve_sweep_table(result),
+            "title": f"{result.engine.get('name', 'engine')} serving {run.job.model} on "
                      f"{run.node_name} (job {run.job_id})"}

@@ -1,5 +1,4 @@
-"""Sharded validation runs (a job's ``sharded_run`` stage) as the pages read them, and the layout the whole
-adaptation validates.
+"""Sharded validation runs (a job's ``sharded_run`` stage) as the pages read them.
 
 The pages read the engine's report as the node stored it on the stage run (``workers/engine/sharding``): the
 verdict against the single-process fp32 reference and what each rank measured. A multi-node run has one stage run
@@ -14,11 +13,8 @@ rank's skew. "Communication" here is therefore time not spent computing, not byt
 
 from __future__ import annotations
 
-from django.core.exceptions import ValidationError
-
-from ..intake import services as intake
 from ..choices import JobStatus
-from ..models import Cluster, ModelSpec, StageRun
+from ..models import StageRun
 
 KIND = "sharded_run"
 
@@ -150,24 +146,3 @@ def one_run_per_job(runs) -> list[dict]:
             by_job[run.job_id] = run
     return [{"run": run, "nodes": node_count[run.job_id], "summary": run_summary(
         run.result if run.status == JobStatus.SUCCEEDED else None)} for run in by_job.values()]
-
-
-def adaptation_layout(model: ModelSpec, cluster: Cluster) -> tuple[dict, str]:
-    """The sharded run's layout: the planner's best layout that fits the cluster, else tp=2 on one node for the
-    reduced model (the sharded run always validates a reduced model, so correctness is checked either way)."""
-    devices = intake.cluster_devices(cluster)
-    if devices:
-        try:
-            plans = intake.plan(model, devices, "bf16")
-        except ValidationError:
-            plans = {}
-        for layout in plans.get("layouts", []):
-            if layout.get("fits") and layout["nodes"] <= devices["nodes"]:
-                # The sharding engine spreads experts over the tensor-parallel ranks (ep equals tp, or tp is 1);
-                # a layout that also spreads them over data-parallel replicas is validated without EP.
-                ep = layout["ep"] if layout["tp"] == 1 or layout["ep"] == layout["tp"] else 1
-                return ({"tp": layout["tp"], "pp": layout["pp"], "ep": ep, "node_count": layout["nodes"]},
-                        f"the planner's best layout that fits {cluster.name}: tp={layout['tp']} pp={layout['pp']} "
-                        f"ep={ep} on {layout['nodes']} node(s)")
-    return ({"tp": 2, "node_count": 1},
-            f"the full model does not fit {cluster.name}: validating the reduced model with tp=2 on one node")

@@ -1,26 +1,17 @@
 """Benchmark reports: ``/api/sweep-reports/`` with ``html`` and ``csv`` downloads."""
 
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins
 from rest_framework.decorators import action
 
-from ..api.base import TeamScopedViewSet
-from ..jobs.api import StageRunListSerializer, StageRunSerializer
-from ..models import StageRun
-from .pages import download
-from .services import self_contained_html, trials_csv
+from ..reports import ReportViewSet, download
+from .services import KIND, self_contained_html, trials_csv
 
 
-class SweepReportViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
+class SweepReportViewSet(ReportViewSet):
     """Benchmark reports: the sweep stages' results. ``html`` (self-contained, opens offline) and ``csv`` download
     them; the detail is the JSON."""
 
-    queryset = StageRun.objects.filter(kind="sweep", status="succeeded")
-    ordering = ["-id"]
-    filterset_fields = ["job"]
-
-    def get_serializer_class(self):
-        return StageRunListSerializer if self.action == "list" else StageRunSerializer
+    kind = KIND
 
     @extend_schema(responses={(200, "text/html"): str})
     @action(detail=True, methods=["get"])

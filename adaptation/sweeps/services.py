@@ -1,32 +1,35 @@
 """Sweep reports (a job's ``sweep`` stage) as the pages, the API and the downloads read them: the report's context,
-the self-contained HTML that opens offline, the CSV of trials; what a node's env check measured, as the sweep's
-roofline wants it; and the sweep the whole adaptation runs.
+the self-contained HTML that opens offline, the CSV of trials (the stored result read through the engine's
+``SweepResult``, its trials through the engine's one row declaration, ``trial_row``); what a node's env check
+measured, as the sweep's roofline wants it; and the sweep the whole adaptation runs.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 from pathlib import Path
 
 from django.conf import settings
 from django.template.loader import render_to_string
 from django.utils.html import escape
 
+from workers.engine.sweep.result import SweepResult
+from workers.engine.sweep.trial_row import sweep_table
+
 from ..models import Node, StageRun
 from .charts import chart_data
 
+KIND = "sweep"
 PLOTLY_JS = Path(settings.BASE_DIR) / "static" / "vendor" / "plotly.min.js"
 REPORT_JS = Path(settings.BASE_DIR) / "static" / "js" / "sweep_report.js"
-CSV_COLUMNS = ["id", "rung", "status", "precision", "batch_size", "page_size", "max_batch_tokens",
-               "output_tokens_per_s", "requests_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
-               "itl_p50_s", "e2e_p50_s", "e2e_p99_s", "goodput_requests_per_s", "peak_memory_bytes",
-               "roofline_efficiency", "roofline_ceiling_suspect", "roofline_end_to_end_efficiency", "step_overhead_s",
-               "bound", "reason"]
 # A sweep small enough for a CPU node yet with 12 configurations; nodes with accelerators can be given more.
 ADAPTATION_SWEEP = {"grid": {"precision": ["fp32", "bf16"], "batch_size": [1, 2, 4], "page_size": [16, 32],
                              "max_batch_tokens": [256]},
                     "workload": {"requests": 8, "prompt_len": 32, "output_len": 16}, "search": "smart"}
+
+
+def with_measured_hardware(params: dict, node: Node) -> dict:
+    """A sweep's parameters with the roofline's figures: the job's own, else what ``node`` measured."""
+    return params if "hardware" in params else {**params, "hardware": measured_hardware(node)}
 
 
 def measured_hardware(node: Node) -> dict | None:
@@ -43,57 +46,18 @@ def measured_hardware(node: Node) -> dict | None:
     return hardware
 
 
-def spreadsheet_safe(value):
-    """A cell a spreadsheet shows as text: a string that starts like a formula (=, +, -, @, tab, CR) gets a leading
-    apostrophe (OWASP's CSV injection advice). The strings come from nodes, so they are not trusted."""
-    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
-        return "'" + value
-    return value
-
-
-def trials_csv(result: dict) -> str:
-    out = io.StringIO()
-    writer = csv.writer(out)
-    writer.writerow(CSV_COLUMNS)
-    for trial in result.get("trials", []):
-        metrics, roofline, params = trial.get("metrics") or {}, trial.get("roofline") or {}, trial.get("params", {})
-
-        def pick(name, stat, metrics=metrics):
-            return (metrics.get(name) or {}).get(stat)
-
-        writer.writerow([spreadsheet_safe(cell) for cell in [
-                         trial.get("id"), trial.get("rung"), trial.get("status"), params.get("precision"),
-                         params.get("batch_size"), params.get("page_size"), params.get("max_batch_tokens"),
-                         metrics.get("output_tokens_per_s"), metrics.get("requests_per_s"), pick("ttft_s", "p50"),
-                         pick("ttft_s", "p99"), pick("tpot_s", "p50"), pick("tpot_s", "p99"), pick("itl_s", "p50"),
-                         pick("e2e_latency_s", "p50"), pick("e2e_latency_s", "p99"),
-                         metrics.get("goodput_requests_per_s"), metrics.get("peak_memory_bytes"),
-                         roofline.get("efficiency"),
-                         # Above 1 cannot be true: the ceiling (the node's figures) is wrong, said in its own column.
-                         flagged(roofline) if roofline else None,
-                         roofline.get("end_to_end_efficiency"), roofline.get("overhead_seconds_per_step"),
-                         roofline.get("bound"), trial.get("reason")]])
-    return out.getvalue()
-
-
-def flagged(roofline: dict) -> bool:
-    """Whether a trial's roofline efficiency cannot be shown as a figure: flagged by the sweep, or (a report from
-    before flags) above 1."""
-    return bool(roofline.get("flag")) or (roofline.get("efficiency") or 0) > 1
-
-
-def over_ceiling(result: dict) -> int:
-    """How many trials' efficiencies are flagged (an efficiency above 1 cannot be true)."""
-    return sum(flagged(trial.get("roofline") or {}) for trial in result.get("trials", []))
-
-
 def report_context(run: StageRun) -> dict:
-    return {"run": run, "result": run.result, "charts": chart_data(run.result), "charts_id": f"sweep-charts-{run.pk}",
-            "over_ceiling": over_ceiling(run.result),
-            "trials": run.result.get("trials", []), "best": run.result.get("best"),
+    result = SweepResult.from_dict(run.result)
+    return {"run": run, "result": result, "charts": chart_data(run.result), "charts_id": f"sweep-charts-{run.pk}",
+            "over_ceiling": result.over_ceiling, "table": sweep_table(result), "best": result.best,
             "pipeline": list(run.job.stage_runs.order_by("id").values("kind", "node_name", "status", "started",
                                                                          "finished")),
             "title": f"Sweep of {run.job.model} on {run.node_name} (job {run.job_id})"}
+
+
+def trials_csv(stored: dict) -> str:
+    """The CSV of a stored sweep result's trials: every column of the trial row, in the stored units."""
+    return sweep_table(SweepResult.from_dict(stored)).csv()
 
 
 def self_contained_html(run: StageRun) -> str:

@@ -19,7 +19,7 @@ from .progress import StderrProgress
 
 # verb -> (module, attribute naming the verb object in it, or None for the module itself). A command imports only
 # its own verb's module: the coverage verb's module alone imports torch, transformers and the tracing machinery,
-# which the analyze verb has no use for (issue 16 item 7).
+# which the analyze verb has no use for.
 VERB_MODULES = {
     "probe": ("envcheck.cli", "probe"),
     "envcheck": ("envcheck.cli", "envcheck"),
@@ -101,7 +101,7 @@ def _run(verb, args: argparse.Namespace) -> int:
 
 def exit_without_teardown(code: int) -> None:
     """Leave once the verb's output is written, without tearing the interpreter down: unloading torch's and
-    transformers' modules costs about a second of CPU (issue 16 item 7) and cleans up nothing the verb did not (its
+    transformers' modules costs about a second of CPU and cleans up nothing the verb did not (its
     work folders and child processes are gone by the time it returns; nothing here registers an atexit hook)."""
     sys.stdout.flush()
     sys.stderr.flush()

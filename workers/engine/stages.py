@@ -1,57 +1,55 @@
 """The stage kinds a node can run, each a function ``(params, progress) -> result dict`` with its declared
-parameters (``parameters.Parameter``).
+parameters (``parameters.Parameter``), collected from the capabilities that declare them.
 
-``progress(fraction, message)`` reports how far the stage is (0..1). The control plane's choices, its check of a
-job's parameters, the job form, the OpenAPI schema and the node task all read this registry, so a kind and what it
-takes exist in one place. Importing it imports neither torch nor transformers (the web tier reads it in every
-process): each capability package declares its stages without them and imports them when a stage runs.
+Each capability package keeps its stages in its own ``stage.py``: the stage functions, their ``PARAMETERS`` and a
+``STAGES`` tuple of ``StageSpec``. This registry reads them in pipeline order, then the modules named in
+``D0_STAGE_MODULES`` (comma-separated: a deployment's own stage kinds, declared the same way), and ``register``
+adds one at run time. The control plane's check of a job's parameters, the job form, the OpenAPI schema and the
+node task all read ``STAGES``. Importing it imports neither torch nor transformers (the web tier reads it in every
+process): each stage imports what it runs when it runs.
+
+``progress(fraction, message)`` reports how far a stage is (0..1).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import importlib
+import os
 
-from . import coverage, envcheck, serving, sharding, sweep
-from .envcheck import report as envcheck_report
 from .parameters import MAX_DEPTH, Parameter, ParameterError, nesting_depth, user_parameters, validate
+from .stage_spec import Progress, Stage, StageSpec
 
-Progress = Callable[[float, str], None]
-Stage = Callable[[dict, Progress], dict]
+__all__ = ["NODES", "STAGES", "Progress", "Stage", "StageSpec", "check_job_parameters", "describe_parameters",
+           "parameters_json_schema", "path_parameters", "register", "run_stage"]
 
+# The capability packages that declare stages, in the order a whole adaptation runs them.
+CAPABILITIES = ("envcheck", "coverage", "sharding", "sweep", "serving")
+MODULES_VARIABLE = "D0_STAGE_MODULES"
 
-@dataclass(frozen=True)
-class StageSpec:
-    run: Stage
-    # Gated stages are refused on nodes whose latest env check failed or is too old (the pre-flight gate);
-    # the checks themselves are not gated, or a node could never prove itself fit again.
-    gated: bool
-    # Stages about a model get its config.json as params["config"]; a job for them must name a model.
-    needs_model: bool = False
-    # Where the control plane runs it: on "every" eligible node, on "one" (the first eligible), or on a "group"
-    # of nodes forming one torch.distributed world (one stage run per node, told its node_rank and rendezvous).
-    placement: str = "every"
-    parameters: tuple[Parameter, ...] = ()
-    # A stage that ends in milliseconds (a probe of the host): the node sends no "started" report for it, its
-    # "finished" one says how long it ran, so the control plane takes one report instead of two.
-    instant: bool = False
+STAGES: dict[str, StageSpec] = {}
 
 
-STAGES: dict[str, StageSpec] = {
-    "env_probe": StageSpec(envcheck.env_probe, gated=False, instant=True),
-    "env_check": StageSpec(envcheck.env_check, gated=False, parameters=envcheck_report.PARAMETERS),
-    "op_coverage": StageSpec(coverage.op_coverage, gated=True, needs_model=True,
-                             parameters=coverage.PARAMETERS),
-    "sharded_run": StageSpec(sharding.shard_stage, gated=True, needs_model=True, placement="group",
-                             parameters=sharding.PARAMETERS),
-    "sweep": StageSpec(sweep.sweep_stage, gated=True, needs_model=True, placement="one", parameters=sweep.PARAMETERS),
-    "serve_sweep": StageSpec(serving.serve_sweep, gated=True, needs_model=True, placement="one",
-                             parameters=serving.PARAMETERS),
-    # Only a client runs (the endpoint is someone else's server), so the node needs no fresh env check.
-    "endpoint_bench": StageSpec(serving.endpoint_bench, gated=False, needs_model=True, placement="one",
-                                parameters=serving.ENDPOINT_PARAMETERS),
-}
-STAGE_KINDS = tuple(STAGES)
+def register(spec: StageSpec) -> StageSpec:
+    """Adds a stage kind and returns its declaration: the same declaration again keeps the first, a different one
+    for a known kind is a ValueError."""
+    known = STAGES.get(spec.kind)
+    if known is not None:
+        if known != spec:
+            raise ValueError(f"stage kind {spec.kind!r} is declared twice, differently ({known.run.__module__} and "
+                             f"{spec.run.__module__})")
+        return known
+    STAGES[spec.kind] = spec
+    return spec
+
+
+def _declared_in(module_name: str) -> None:
+    declared = getattr(importlib.import_module(module_name), "STAGES", None)
+    if not isinstance(declared, tuple | list) or not all(isinstance(spec, StageSpec) for spec in declared):
+        raise ImportError(f"{module_name} declares no STAGES (a tuple of StageSpec), named in {MODULES_VARIABLE}")
+    for spec in declared:
+        register(spec)
+
+
 # Job-wide, beside the per-stage objects: which of the cluster's nodes may run the job's stages.
 NODES = Parameter("nodes", "list", "hostnames of the cluster's nodes the job may use (default: every online one)",
                   max_items=1024, item=Parameter("hostname", "str", "a node's hostname", maximum=255))
@@ -61,7 +59,7 @@ def _spec(kind: str) -> StageSpec:
     try:
         return STAGES[kind]
     except KeyError:
-        raise ValueError(f"unknown stage kind {kind!r}; this node knows {', '.join(STAGE_KINDS)}") from None
+        raise ValueError(f"unknown stage kind {kind!r}; this node knows {', '.join(STAGES)}") from None
 
 
 def check_job_parameters(stages: list[str], parameters) -> dict:
@@ -112,3 +110,9 @@ def run_stage(kind: str, params: dict, progress: Progress, *, data_roots: tuple[
     under ``data_roots``, the roots this node's operator configured), then the stage."""
     spec = _spec(kind)
     return spec.run(validate(kind, spec.parameters, params or {}, control=True, data_roots=data_roots), progress)
+
+
+for _capability in CAPABILITIES:
+    _declared_in(f"{__package__}.{_capability}.stage")
+for _module in filter(None, (name.strip() for name in os.environ.get(MODULES_VARIABLE, "").split(","))):
+    _declared_in(_module)

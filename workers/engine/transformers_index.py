@@ -4,7 +4,7 @@
 560 folders) to build its lazy index, and importing ``transformers.models`` (which every model module is under)
 builds the same index again: the function that scans a folder is memoised by ``functools.lru_cache`` with its
 default 128 entries, so by the second scan every folder's entry has been evicted. That second scan is ~0.4 s of
-CPU in every d0 process that reads a model (a cold ``analyze`` of Kimi-K2 is ~3.7 s in all; issue 16 item 7).
+CPU in every d0 process that reads a model (a cold ``analyze`` of Kimi-K2 is ~3.7 s in all).
 
 ``install()`` puts a finder first on ``sys.meta_path`` that, when ``transformers.utils.import_utils`` is loaded
 (before ``transformers/__init__`` scans anything), gives the scanning function an unbounded cache. The function

@@ -2,7 +2,9 @@
 
 MODEL is a model's id or name (any team's), a catalog slug (``qwen3-0.6b``) or a path to a config.json file. The
 sweep runs here, in this process, through the same engine as the node stage (``workers.engine.sweep.run_sweep``),
-serving the reduced model unless ``--full-model`` is given.
+serving the reduced model unless ``--full-model`` is given. It prints what ``python -m workers.engine sweep`` prints
+(``workers.engine.sweep.cli.format_summary``: the trial rows of ``trial_row``), and ``--out``'s trials.csv is the
+report page's CSV.
 
     python manage.py sweep qwen3-0.6b --batch-sizes 1,2,4 --page-sizes 16,32 --precisions fp32,bf16 --out var/sweep
 
@@ -11,7 +13,6 @@ Lengths take a fixed ``32``, a uniform range ``16-64`` or a list ``16,32,48`` (u
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import re
@@ -22,18 +23,17 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 from adaptation.intake import catalog
-from adaptation.sweeps.services import spreadsheet_safe
 from adaptation.models import ModelSpec
+from workers.engine.sweep.cli import format_summary
+from workers.engine.sweep.result import SweepResult
 from workers.engine.sweep.search import SEARCH_HELP, SEARCHES
+from workers.engine.sweep.trial_row import sweep_table
 
 # _Log.run in workers/engine/sweep/search.py announces each trial as it starts with this message.
 TRIAL_STARTED = re.compile(r"^trial (?P<number>\d+): (?P<label>.*)$")
 # transformers' continuous batching logs each trial's start and stop at INFO on its own handler, which Django's root
 # level (INFO) lets through; it would bury the trial lines and break the progress bar. Shown with --verbosity 2.
 ENGINE_LOGGERS = ("ContinuousBatchingLogger",)
-CSV_FIELDS = ("id", "rung", "precision", "batch_size", "page_size", "max_batch_tokens", "requests", "status",
-              "reason", "output_tokens_per_s", "requests_per_s", "ttft_p50_s", "tpot_p50_s", "itl_p50_s",
-              "e2e_latency_p50_s", "peak_memory_bytes", "roofline_efficiency", "roofline_bound", "best")
 HOW_TO_NAME = ("name a model by its id (e.g. 12), its name (any team's), a catalog slug (e.g. {slugs}, ...), "
                "or a path to a config.json file")
 
@@ -76,12 +76,12 @@ def _length(text, option: str):
 
 
 def _precisions(text: str) -> list[str]:
-    from workers.engine.sweep.benchmark_model import PRECISIONS
+    from workers.engine.sweep.benchmark_model import SERVED_DTYPES
 
     names = list(dict.fromkeys(part.strip().lower() for part in str(text).split(",") if part.strip()))
-    unknown = [name for name in names if name not in PRECISIONS]
+    unknown = [name for name in names if name not in SERVED_DTYPES]
     if not names or unknown:
-        raise CommandError(f"--precisions takes comma-separated names among {', '.join(PRECISIONS)}; "
+        raise CommandError(f"--precisions takes comma-separated names among {', '.join(SERVED_DTYPES)}; "
                            f"not {', '.join(unknown) or repr(text)}")
     return names
 
@@ -136,54 +136,8 @@ def _some_slugs() -> str:
                                                                                "gpt-oss-20b"))
 
 
-def _p50(metrics: dict | None, key: str):
-    distribution = (metrics or {}).get(key)
-    return distribution.get("p50") if isinstance(distribution, dict) else None
-
-
 def _count(number, noun: str) -> str:
     return f"{number} {noun}{'' if number == 1 else 's'}"
-
-
-def _ms(seconds) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
-
-
-def _number(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def trial_row(trial: dict, best_id) -> dict:
-    params, metrics, roofline = trial["params"], trial.get("metrics") or {}, trial.get("roofline") or {}
-    return {"id": trial["id"], "rung": trial.get("rung"), **params,
-            "requests": (trial.get("workload") or {}).get("requests"), "status": trial["status"],
-            "reason": trial.get("reason") or "", "output_tokens_per_s": metrics.get("output_tokens_per_s"),
-            "requests_per_s": metrics.get("requests_per_s"), "ttft_p50_s": _p50(metrics, "ttft_s"),
-            "tpot_p50_s": _p50(metrics, "tpot_s"), "itl_p50_s": _p50(metrics, "itl_s"),
-            "e2e_latency_p50_s": _p50(metrics, "e2e_latency_s"),
-            "peak_memory_bytes": metrics.get("peak_memory_bytes"), "roofline_efficiency": roofline.get("efficiency"),
-            "roofline_bound": roofline.get("bound"), "best": trial["id"] == best_id}
-
-
-def format_table(rows: list[dict]) -> list[str]:
-    """The trials as an aligned table, the best one starred, then each failed or skipped trial's reason."""
-    header = ("id", "precision", "batch", "page", "max tokens", "requests", "status", "out tok/s", "TTFT p50",
-              "TPOT p50", "roofline eff", "bound")
-    cells = [header] + [(
-        ("*" if row["best"] else "") + str(row["id"]), row["precision"], str(row["batch_size"]), str(row["page_size"]),
-        str(row["max_batch_tokens"]), _number(row["requests"], "d"), row["status"],
-        _number(row["output_tokens_per_s"], ".1f"), _ms(row["ttft_p50_s"]), _ms(row["tpot_p50_s"]),
-        _number(row["roofline_efficiency"], ".0%"), row["roofline_bound"] or "-") for row in rows]
-    widths = [max(len(line[column]) for line in cells) for column in range(len(header))]
-    numeric = {0, 2, 3, 4, 5, 7, 8, 9, 10}
-    lines = ["  ".join(cell.rjust(width) if column in numeric else cell.ljust(width)
-                       for column, (cell, width) in enumerate(zip(line, widths, strict=True))).rstrip()
-             for line in cells]
-    lines.insert(1, "  ".join("-" * width for width in widths))
-    for row in rows:
-        if row["reason"]:
-            lines.append(f"  trial {row['id']} {row['status']}: {row['reason']}")
-    return lines
 
 
 class _Unstyled:
@@ -287,49 +241,21 @@ class Command(BaseCommand):
             for logger, level in zip(loggers, levels, strict=True):
                 logger.setLevel(level)
 
-        rows = [trial_row(trial, (result.get("best") or {}).get("id")) for trial in result["trials"]]
         if out is not None:
-            self._write(out, result, rows, say)
+            self._write(out, result, say)
         if as_json:
             self.stdout.write(json.dumps(result, indent=2, sort_keys=True, default=str))
             return
-        self._summary(result, rows)
+        for line in format_summary(result).splitlines():
+            self.stdout.write(line)
 
-    def _write(self, out: Path, result: dict, rows: list[dict], say) -> None:
+    def _write(self, out: Path, result: dict, say) -> None:
+        table = sweep_table(SweepResult.from_dict(result))
         try:
             out.mkdir(parents=True, exist_ok=True)
             (out / "sweep.json").write_text(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
-            with open(out / "trials.csv", "w", newline="") as stream:
-                writer = csv.DictWriter(stream, fieldnames=CSV_FIELDS)
-                writer.writeheader()
-                writer.writerows({key: spreadsheet_safe(value) for key, value in row.items()} for row in rows)
+            (out / "trials.csv").write_text(table.csv(), newline="")
         except OSError as error:
             raise CommandError(f"cannot write the results to {out}: {error}") from None
-        say(f"Wrote {out / 'sweep.json'} (the full result) and {out / 'trials.csv'} ({_count(len(rows), 'trial')})")
-
-    def _summary(self, result: dict, rows: list[dict]) -> None:
-        model, backend = result.get("model") or {}, result.get("backend") or {}
-        shape = (f"reduced to {model.get('layers')} of {model.get('full_layers')} layers" if model.get("reduced")
-                 else f"full model, {model.get('layers')} layers")
-        self.stdout.write("")
-        self.stdout.write(f"Model: {model.get('model_type')}, {shape}; served by {backend.get('name')} on "
-                          f"{backend.get('device', '?')}")
-        for line in format_table(rows):
-            self.stdout.write(line)
-        best = result.get("best")
-        if best:
-            params, metrics = best["params"], best.get("metrics") or {}
-            efficiency = (best.get("roofline") or {}).get("efficiency")
-            self.stdout.write(
-                f"Best: trial {best['id']}: {params['precision']}, batch size {params['batch_size']}, page size "
-                f"{params['page_size']}, max batch tokens {params['max_batch_tokens']}: "
-                f"{_number(metrics.get('output_tokens_per_s'), '.1f')} output tokens/s, "
-                f"TTFT p50 {_ms(_p50(metrics, 'ttft_s'))}, TPOT p50 {_ms(_p50(metrics, 'tpot_s'))}, "
-                f"roofline efficiency {_number(efficiency, '.0%')}")
-        else:
-            self.stdout.write("Best: none (no trial served the full workload)")
-        search = result.get("search") or {}
-        self.stdout.write(f"Search: {search.get('strategy')}, {_count(search.get('trials_run'), 'trial')} run of "
-                          f"{_count(search.get('configurations'), 'configuration')}, "
-                          f"{_count(search.get('requests_served'), 'request')} served, "
-                          f"{_number(search.get('seconds'), '.1f')} s")
+        say(f"Wrote {out / 'sweep.json'} (the full result) and {out / 'trials.csv'} "
+            f"({_count(len(table.trials), 'trial')})")

@@ -83,7 +83,7 @@ class Command(BaseCommand):
         call_command("bootstrap_demo", stdout=self.stdout)
         var = settings.VAR_DIR
         commands = {
-            # The production settings (README, "The web tier"), as docker-compose.yml runs them.
+            # The production settings (docs/deployment.md, "The web tier"), as docker-compose.yml runs them.
             "web": [sys.executable, "-m", "gunicorn", "d0web.wsgi", "--config", str(GUNICORN_CONFIG), "--bind", bind,
                     *(["--workers", str(web_workers)] if web_workers else []), "--access-logfile", "-"],
             "control": [sys.executable, "-m", "celery", "-A", "d0web", "worker", "--beat",

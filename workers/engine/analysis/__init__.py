@@ -5,7 +5,7 @@ parameters on the meta device, sizes weights and KV cache per precision, lists t
 and, given a cluster, plans parallel layouts. Nothing is downloaded and no code named by ``auto_map`` runs.
 """
 
-from .config_loading import ConfigError, load_config_file
+from ..models.config_loading import ConfigError, load_config_file
 from .planner import plan_from_analysis
 from .report import analyze, kv_cache_model, kv_tokens_that_fit
 

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .config_loading import ConfigView
-from .generic import mamba_inner_size
-from .layers import Layout
+from ..models.config_loading import ConfigView
+from .estimate import mamba_inner_size
+from ..models.layers import Layout
 
 KV_PRECISION_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}

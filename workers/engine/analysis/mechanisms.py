@@ -5,9 +5,9 @@ them; where the config is silent the field is null rather than a guessed default
 
 from __future__ import annotations
 
-from .config_loading import ConfigView
-from .generic import UNGATED_ACTIVATIONS, activation_of
-from .layers import Layout
+from ..models.config_loading import ConfigView
+from .estimate import UNGATED_ACTIVATIONS, activation_of
+from ..models.layers import Layout
 
 ROPE_SCALAR_KEYS = ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
                     "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate")

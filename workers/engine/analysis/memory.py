@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .parameters import TensorRecord
+from .parameter_counts import TensorRecord
 
 HIGH_PRECISION_BYTES = 2
 GROUP_SIZE = 128

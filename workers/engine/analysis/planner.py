@@ -32,11 +32,11 @@ from itertools import accumulate
 
 from ..envcheck.peaks import published_peak, peaks_by_memory
 from ..pipeline_stages import stage_layer_ranges
-from .config_loading import ConfigView
+from ..models.config_loading import ConfigView
 from .kv_cache import KvCache, KvLayer, kv_bytes_per_element
-from .layers import Layout
+from ..models.layers import Layout
 from .memory import PRECISIONS, precision_named, tensor_bytes
-from .parameters import TensorRecord
+from .parameter_counts import TensorRecord
 
 GIB = 2**30
 # vLLM's default gpu_memory_utilization: 10% of each device stays free as headroom.

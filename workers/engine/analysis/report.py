@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import contextlib
 
-from .config_loading import IGNORABLE_KEYS, ConfigError, ConfigView
-from .generic import estimate_records
+from ..models.config_loading import IGNORABLE_KEYS, ConfigError, ConfigView
+from .estimate import estimate_records
 from .kv_cache import KV_PRECISION_BYTES, KvCache, kv_cache_of
-from .layers import Layout, layer_layout
+from ..models.layers import Layout, layer_layout
 from .mechanisms import mechanisms_of
 from .memory import precision_named, weights_report
-from .parameters import active_count, inventory_from_model, mtp_records, summarise
+from .parameter_counts import active_count, inventory_from_model, mtp_records, summarise
 from .planner import plan_from_analysis, planner_inputs, workload_from
 from .shipped import shipped_format
-from .resolution import (Resolution, build_config, build_meta_model, captured_warnings, knowledge_of, resolve,
-                         transformers_version)
+from ..models.resolution import (Resolution, build_config, captured_warnings, knowledge_of, resolve,
+                                 transformers_version)
 
 # Far above the largest released model (~2T) and far below what would overflow any arithmetic here: a config
 # beyond it is a typo or an attack, refused before anything is built.
@@ -93,10 +93,14 @@ def _ignored_key_warnings(resolution: Resolution, hf_config) -> list[str]:
 
 def _build(view: ConfigView, resolution: Resolution):
     """(resolution, hf_config, model, warnings); on a transformers failure the resolution says so, model None."""
+    import torch
+
+    from ..models.loading import build_meta_model
+
     with captured_warnings() as messages:
         try:
             hf_config = build_config(view, resolution.resolved_architecture)
-            model = build_meta_model(hf_config)
+            model = build_meta_model(hf_config, torch.bfloat16)
         except Exception as error:  # whatever transformers rejects, the generic estimate can still answer
             note = (f"{resolution.note}, but transformers could not build it ({type(error).__name__}: {error}): "
                     "generic decoder/MoE estimate from standard keys")

@@ -20,9 +20,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .config_loading import ConfigView
+from ..models.config_loading import ConfigView
 from .memory import BF16, MX_BLOCK, PRECISIONS, Precision
-from .parameters import TensorRecord
+from .parameter_counts import TensorRecord
 
 # The dtype the unquantized tensors are served in. vLLM's dtype "auto" serves a float32 checkpoint in 16 bits, so a
 # float32 release counts as bf16 here, as the planner needs it.

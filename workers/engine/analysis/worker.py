@@ -21,7 +21,7 @@ import time
 import traceback
 from pathlib import Path
 
-from .config_loading import ConfigError
+from ..models.config_loading import ConfigError
 
 # The folder that holds the ``workers`` package: the child imports it from there, whatever the caller's cwd.
 ROOT = Path(__file__).resolve().parents[3]

@@ -1,7 +1,7 @@
 """torch.compile readiness of the reduced model, in one Dynamo pass: graphs and graph breaks (with reasons), the
 compile time and the compiled model's agreement with eager mode all come from one ``torch.compile`` whose backend
 is wrapped in torch's own ``ExplainWithBackend`` (what ``torch._dynamo.explain`` records, without a second trace;
-explaining first and compiling after traced the model twice, up to 86% of a coverage run, issue 16 item 7).
+explaining first and compiling after traced the model twice, up to 86% of a coverage run).
 
 Bounded by construction: the reduced model is a few tiny layers and the input is one short prefill. Inductor on
 a CPU spends ~20 s generating C++ even for that, so on the CPU the default compile backend is ``aot_eager``

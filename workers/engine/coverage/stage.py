@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..parameters import Parameter, device_string, validate
+from ..stage_spec import StageSpec
 
 Progress = Callable[[float, str], None]
 
@@ -68,3 +69,9 @@ def op_coverage(params: dict, progress: Progress) -> dict:
     reports = results.pop(None)
     return {"model_type": config.get("model_type"), "dtypes": dtypes, "reports": reports, "virtual": results,
             "coverage": min(report["coverage"] for report in reports.values())}
+
+
+STAGES = (
+    StageSpec(kind="op_coverage", run=op_coverage, gated=True, needs_model=True, parameters=PARAMETERS,
+              preload=("torch", "transformers", "workers.engine.models.reducer", "workers.engine.coverage.report")),
+)

@@ -9,8 +9,7 @@ of every capability's ``cli`` module.
 
 from __future__ import annotations
 
-from . import env_check, env_probe
-from .report import MEASURE_SECONDS
+from .stage import MEASURE_SECONDS, env_check, env_probe
 
 
 class probe:  # noqa: N801 - a verb, named as it is typed

@@ -1,6 +1,6 @@
 """Device measurements that repeat: each figure is the median of several timed repetitions, with its spread.
 
-One timing of one operation swings several-fold on a node with other work (issue 16 saw fp32 matmul vary 18x
+One timing of one operation swings several-fold on a node with other work (fp32 matmul was seen to vary 18x
 between runs when the product size was picked from one timing), so every figure here is:
 
 - measured on a working set chosen from the device, never from a timing: a copy buffer ``CACHE_MULTIPLE`` times

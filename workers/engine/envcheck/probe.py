@@ -153,13 +153,3 @@ def torch_versions() -> dict:
         "cuda": torch.version.cuda,
         "hip": getattr(torch.version, "hip", None),
     }
-
-
-def env_probe(params: dict, progress) -> dict:
-    """The ``env_probe`` stage: host facts, devices and torch build, in well under a second."""
-    progress(0.1, "probing host")
-    host = probe_host()
-    progress(0.5, "probing devices")
-    devices = probe_devices(host)
-    progress(0.9, "reading torch build")
-    return {"host": host, "devices": devices, "software": torch_versions()}

@@ -12,29 +12,14 @@ import time
 
 import psutil
 
-from ..parameters import Parameter, validate
 from . import checks
 from .collectives import measure_collectives
 from .measure import copy_bandwidth, host_to_device_bandwidth, matmul_throughput
 from .probe import probe_devices, probe_host
 from .software import software_stack
+from .stage import DEFAULT_SECONDS_VARIABLE, MEASURE_SECONDS
 
 MATMUL_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
-MEASURE_SECONDS = 1.0  # 1.45x worst max/min over five checks, idle CPU node
-# A node operator's default for jobs that name none (a job's measure_seconds wins): quick checks on test or busy
-# nodes, where the figures matter less than the checks.
-DEFAULT_SECONDS_VARIABLE = "D0_ENVCHECK_MEASURE_SECONDS"
-
-PARAMETERS = (
-    Parameter("expected_devices_per_node", "int", "devices the node should have (the cluster's setting)",
-              nullable=True, minimum=0, maximum=4096, set_by="control"),
-    Parameter("measure_seconds", "float", "timed work per measurement (split over its repetitions)",
-              default=MEASURE_SECONDS, minimum=0.01, maximum=30),
-    Parameter("cpu_ranks", "int", "gloo processes for the collectives on a CPU-only node", default=2, minimum=2,
-              maximum=16),
-    Parameter("required_packages", "list", "packages the node must have (default: torch, transformers)",
-              max_items=64, item=Parameter("package", "str", "a distribution name", maximum=100)),
-)
 
 
 def device_label(device: dict) -> str:
@@ -124,8 +109,8 @@ def build_links(devices: list[dict], peers, topology: dict | None, collectives: 
     return links
 
 
-def env_check(params: dict, progress) -> dict:
-    params = validate("env_check", PARAMETERS, params, control=True)
+def check_environment(params: dict, progress) -> dict:
+    """The env check of this node with ``params`` as the ``env_check`` stage validated them (``stage.py``)."""
     started = time.monotonic()
     budget = float(params.get("measure_seconds", os.environ.get(DEFAULT_SECONDS_VARIABLE) or MEASURE_SECONDS))
     progress(0.02, "host and software")

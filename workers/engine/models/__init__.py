@@ -1,16 +1,31 @@
-"""The one model path the stages share: a config.json dict → a transformers config (resolving an unknown
-``model_type`` the way model intake does) → a reduced config that keeps every layer kind → a model on the meta
-device or with seeded random weights. No hub access and no remote code.
+"""The one model path every stage and the analysis share: a config.json dict → its resolved transformers
+architecture → a reduced config that keeps every layer kind → a model on the meta device or with seeded random
+weights. No hub access and no remote code.
 
-``loading``: config → transformers config → model (meta, seeded random weights, or a local safetensors
-checkpoint). ``reducer``: the architecture-preserving shrink, checked against the full model's module classes,
-and ``reduce_for_layout`` for what a tp x pp x ep split needs of it. Coverage, sharded runs and the sweep use it;
-analysis reads configs its own way (``analysis/config_loading.py``), with the same resolution of unknown types.
+``config_loading``: reading a config's standard keys whatever a release names them (``ConfigView``).
+``resolution``: which transformers architecture describes it (an unknown ``model_type`` through its
+``architectures`` entry and key signature). ``layers``: what each layer is (mixer and FFN kinds). ``generic_decoder``:
+the transformers decoder of a config's shape when no architecture fits. ``loading``: config → transformers config →
+model (meta, seeded random weights, or a local safetensors checkpoint). ``reducer``: the architecture-preserving
+shrink, checked against the full model's module classes, and ``reduce_for_layout`` for what a tp x pp x ep split
+needs of it.
+
+Importing the package imports neither torch nor transformers (the analysis reads configs through it in the web
+tier): the names below load their module on first use.
 """
 
-from .loading import (build_meta_model, build_random_model, causal_lm_config, load_checkpoint, load_config,
-                      text_config_dict)
-from .reducer import Reduction, compare_module_classes, deepen, reduce_config, reduce_for_layout
+import importlib
 
-__all__ = ["Reduction", "build_meta_model", "build_random_model", "causal_lm_config", "compare_module_classes",
-           "deepen", "load_checkpoint", "load_config", "reduce_config", "reduce_for_layout", "text_config_dict"]
+_LAZY = {
+    "Reduction": ".reducer", "compare_module_classes": ".reducer", "deepen": ".reducer", "reduce_config": ".reducer",
+    "reduce_for_layout": ".reducer", "build_meta_model": ".loading", "build_random_model": ".loading",
+    "causal_lm_config": ".loading", "load_checkpoint": ".loading", "load_config": ".loading",
+    "text_config_dict": ".loading",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

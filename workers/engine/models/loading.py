@@ -37,12 +37,12 @@ def canonical_config(config: dict) -> tuple[dict, str | None]:
         raise ValueError(f"a model config must be a JSON object, not {type(config).__name__}")
     if config.get("model_type") in CONFIG_MAPPING_NAMES:
         return config, None
-    from ..analysis.config_loading import ConfigView
-    from ..analysis.resolution import resolve
+    from .config_loading import ConfigView
+    from .resolution import resolve
 
     if resolve(ConfigView(config)).exact:
         return config, None
-    from .generic import generic_config
+    from .generic_decoder import generic_config
 
     return generic_config(config)
 
@@ -50,7 +50,7 @@ def canonical_config(config: dict) -> tuple[dict, str | None]:
 def load_config(config: dict):
     """Build the transformers config for a config.json dict: ``AutoConfig.for_model(model_type, **rest)``.
 
-    An unknown ``model_type`` is resolved the way model intake (``workers/engine/analysis``) resolves it: by the
+    An unknown ``model_type`` is resolved as model intake resolves it (``resolution``): by the
     ``architectures`` entry and key signature (``kimi_k2`` is a DeepSeek-V3); a config no transformers architecture
     fits is built as d0's generic decoder of its shape (``canonical_config``). ``trust_remote_code`` is never used.
     (Reduced configs come through here too, so known types skip intake's alias cross-checks: a reducer shrinking
@@ -66,8 +66,8 @@ def load_config(config: dict):
         rest = {key: _numbers_back(copy.deepcopy(value)) for key, value in config.items()
                 if key != "model_type" and key not in IGNORED_KEYS}
         return AutoConfig.for_model(model_type, **rest)
-    from ..analysis.config_loading import ConfigView
-    from ..analysis.resolution import build_config, resolve
+    from .config_loading import ConfigView
+    from .resolution import build_config, resolve
 
     view = ConfigView(config)
     resolution = resolve(view)
@@ -89,12 +89,12 @@ def text_config_dict(config: dict) -> dict:
     return config
 
 
-def build_meta_model(transformers_config):
+def build_meta_model(transformers_config, dtype: torch.dtype | None = None):
     """The model on the meta device: every module and parameter shape, no memory, no initialisation."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(causal_lm_config(transformers_config))
+        return AutoModelForCausalLM.from_config(causal_lm_config(transformers_config), dtype=dtype)
 
 
 def build_random_model(transformers_config, *, dtype: torch.dtype, device: torch.device, seed: int = 0):

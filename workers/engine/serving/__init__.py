@@ -4,8 +4,6 @@ external program, benchmarked with d0's own load client, checked for correctness
 else runs (``endpoint_bench``). Plain Python: no Django, and no engine imported.
 """
 
-from .endpoint_bench import PARAMETERS as ENDPOINT_PARAMETERS
-from .endpoint_bench import endpoint_bench
-from .serve_sweep import PARAMETERS, serve_sweep
+from .stage import ENDPOINT_PARAMETERS, PARAMETERS, endpoint_bench, serve_sweep
 
 __all__ = ["ENDPOINT_PARAMETERS", "PARAMETERS", "endpoint_bench", "serve_sweep"]

@@ -14,7 +14,9 @@ import json
 import os
 from pathlib import Path
 
-from .serve_sweep import serve_sweep
+from ..sweep.result import ServeSweepResult
+from ..sweep.trial_row import serve_sweep_table
+from .stage import serve_sweep
 
 
 def _object(text: str) -> dict:
@@ -56,15 +58,11 @@ def run(args: argparse.Namespace, progress=None) -> dict:
     return serve_sweep(params, progress or (lambda fraction, message: None))
 
 
-def format_summary(result: dict) -> str:
-    lines = [f"{result['engine']['name']} {result['engine'].get('version')}: {len(result['trials'])} trials, "
-             f"{result['engine_starts']} engine starts, {result['seconds']:.0f} s"]
-    for trial in result["trials"]:
-        metrics = trial.get("metrics") or {}
-        figure = f"{metrics['output_tokens_per_s']:.1f} tok/s" if metrics.get("output_tokens_per_s") else ""
-        lines.append(f"  {trial['id']:>3} {trial['status']:7} {json.dumps(trial['settings'], sort_keys=True)} "
-                     f"{json.dumps(trial['client'])} {figure} {trial.get('reason') or ''}")
-    lines.append(f"recipe: {result['recipe']['command']}")
-    if result.get("correctness"):
-        lines.append(f"correctness: {result['correctness']['verdict']}")
+def format_summary(stored: dict) -> str:
+    result = ServeSweepResult.from_dict(stored)
+    lines = [f"{result.engine.get('name')} {result.engine.get('version')}: {len(result.trials)} trials, "
+             f"{result.engine_starts} engine starts, {result.seconds or 0:.0f} s",
+             *serve_sweep_table(result).terminal_lines(), f"recipe: {(result.recipe or {}).get('command')}"]
+    if result.correctness:
+        lines.append(f"correctness: {result.correctness.get('verdict')}")
     return "\n".join(lines)

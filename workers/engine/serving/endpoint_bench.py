@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from urllib.parse import urlsplit
 
-from ..parameters import Parameter, validate
 from ..sweep.metrics import DEFINITIONS, summarize
+from ..sweep.result import Metrics, ServingBest, ServingTrial, TrialWorkload
 from ..sweep.workload import Workload
 from .checkpoint import vocab_size
 from .client import Endpoint, run_requests
@@ -29,32 +29,12 @@ def check_base_url(url: str) -> None:
         raise ValueError("the base URL without /v1 (d0 adds /v1/completions)")
 
 
-PARAMETERS = (
-    Parameter("config", "object", "the model's config.json (the job's model)", set_by="control"),
-    Parameter("endpoint", "int", "the team's stored endpoint to benchmark (its id: /endpoints/)", minimum=1),
-    Parameter("base_url", "str", "the endpoint's base URL, from the stored endpoint", set_by="control",
-              check=check_base_url),
-    Parameter("served_model", "str", "the model name the endpoint serves, from the stored endpoint",
-              set_by="control"),
-    Parameter("api_key", "str", "the endpoint's API key, decrypted from the stored endpoint", set_by="control",
-              nullable=True),
-    Parameter("concurrency", "list", "requests in flight, one trial per value", default=[1, 4],
-              max_items=MAX_CONCURRENCIES, item=Parameter("concurrency", "int", "requests in flight", minimum=1,
-                                                           maximum=4096)),
-    Parameter("workload", "object", "requests, prompt_len, output_len, arrival (closed or poisson), rate, "
-              "warmup_requests, slo, timeout_s (per trial)", default={}, check=Workload.from_dict),
-    Parameter("ignore_eos", "bool", "ask for every output token (vLLM and SGLang take ignore_eos; turn it off for "
-              "servers that refuse unknown fields: then output lengths are the server's)", default=True),
-)
-
-
 class EndpointBenchFailed(RuntimeError):
     pass
 
 
-def endpoint_bench(params: dict, progress) -> dict:
-    params = validate("endpoint_bench", PARAMETERS, params, control=True)
-    params = {**{parameter.name: parameter.default for parameter in PARAMETERS}, **params}
+def run_endpoint_bench(params: dict, progress) -> dict:
+    """The benchmark with ``params`` as the stage checked them, every parameter given (``stage.py``)."""
     for key in ("config", "base_url", "served_model"):
         if not params.get(key):
             raise ValueError(f"an endpoint benchmark needs {key} (the control plane fills it from the endpoint)")
@@ -73,19 +53,20 @@ def endpoint_bench(params: dict, progress) -> dict:
                                warmup=trial_workload.warmup(vocab, concurrency), in_flight=concurrency,
                                timeout_s=trial_workload.timeout_s)
         except TimeoutError as error:
-            trials.append({"id": index, "client": {"concurrency": concurrency}, "status": "failed",
-                           "cause": "timed out", "reason": str(error), "metrics": None,
-                           "workload": {"requests": trial_workload.requests, "arrival": trial_workload.arrival}})
+            trials.append(ServingTrial(id=index, client={"concurrency": concurrency}, status="failed",
+                                       cause="timed out", reason=str(error),
+                                       workload=TrialWorkload(requests=trial_workload.requests,
+                                                              arrival=trial_workload.arrival)).as_dict())
             continue
         failed = [record.error for record in run.records if record.error]
         metrics = summarize(run.records, trial_workload.slo)
         status = "ok" if not failed else "failed"
-        trials.append({"id": index, "client": {"concurrency": concurrency}, "status": status,
-                       "reason": None if not failed else f"{len(failed)} of {len(run.records)} requests failed: "
-                                                         f"{failed[0]}",
-                       "metrics": metrics, "client_cpu_s_per_request": run.client_cpu_s_per_request,
-                       "workload": {"requests": trial_workload.requests, "arrival": trial_workload.arrival,
-                                    "concurrency": concurrency}})
+        trials.append(ServingTrial(
+            id=index, client={"concurrency": concurrency}, status=status,
+            reason=None if not failed else f"{len(failed)} of {len(run.records)} requests failed: {failed[0]}",
+            metrics=Metrics.from_dict(metrics), client_cpu_s_per_request=run.client_cpu_s_per_request,
+            workload=TrialWorkload(requests=trial_workload.requests, arrival=trial_workload.arrival,
+                                   concurrency=concurrency)).as_dict())
     served = [trial for trial in trials if trial["status"] == "ok"]
     if not served:
         raise EndpointBenchFailed(f"no concurrency of {len(trials)} served its workload at {endpoint.base_url}: "
@@ -97,5 +78,6 @@ def endpoint_bench(params: dict, progress) -> dict:
                          "api_key": "set" if endpoint.api_key else "none"},
             "weights": {"kind": "endpoint", "description": "whatever the endpoint serves (d0 did not start it)"},
             "workload": workload.as_dict(), "trials": trials,
-            "best": {"id": best["id"], "client": best["client"], "metrics": best["metrics"]},
+            "best": ServingBest(id=best["id"], client=best["client"],
+                                metrics=Metrics.from_dict(best["metrics"])).as_dict(),
             "seconds": time.perf_counter() - started, "metric_definitions": DEFINITIONS}

@@ -15,8 +15,10 @@ import json
 import os
 from pathlib import Path
 
+from ..sweep.result import EndpointBenchResult
+from ..sweep.trial_row import endpoint_bench_table
 from .cli import _object
-from .endpoint_bench import endpoint_bench
+from .stage import endpoint_bench
 
 
 def add_parser(verbs) -> argparse.ArgumentParser:
@@ -41,13 +43,8 @@ def run(args: argparse.Namespace, progress=None) -> dict:
     return endpoint_bench(params, progress or (lambda fraction, message: None))
 
 
-def format_summary(result: dict) -> str:
-    endpoint = result["endpoint"]
-    lines = [f"{endpoint['served_model']} at {endpoint['base_url']}: {len(result['trials'])} trials, "
-             f"{result['seconds']:.0f} s"]
-    for trial in result["trials"]:
-        metrics = trial.get("metrics") or {}
-        figures = (f"{metrics['output_tokens_per_s']:.1f} tok/s, TTFT p50 {metrics['ttft_s']['p50'] * 1000:.1f} ms"
-                   if trial["status"] == "ok" else trial.get("reason") or "")
-        lines.append(f"  concurrency {trial['client']['concurrency']:>4} {trial['status']:7} {figures}")
-    return "\n".join(lines)
+def format_summary(stored: dict) -> str:
+    result = EndpointBenchResult.from_dict(stored)
+    return "\n".join([f"{result.endpoint.get('served_model')} at {result.endpoint.get('base_url')}: "
+                      f"{len(result.trials)} trials, {result.seconds or 0:.0f} s",
+                      *endpoint_bench_table(result).terminal_lines()])

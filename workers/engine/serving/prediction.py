@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..sweep.evaluation import OVER_CEILING
+from ..sweep.result import Efficiency
 from ..sweep.roofline import FORMULAS, model_cost, predict
 
-PRECISIONS = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
+DTYPE_PRECISIONS = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 # vLLM's max_num_batched_tokens when chunked prefill is on and none is given (its V1 default for serving).
 DEFAULT_BATCHED_TOKENS = 2048
@@ -26,7 +26,7 @@ def served_precision(config: dict, settings: dict) -> str | None:
     dtype = settings.get("dtype", "auto")
     if dtype == "auto":
         dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
-    return PRECISIONS.get(str(dtype))
+    return DTYPE_PRECISIONS.get(str(dtype))
 
 
 def prediction(checkpoint: Path, best: dict, lengths: list[tuple[int, int]], hardware: dict | None) -> dict:
@@ -54,14 +54,12 @@ def prediction(checkpoint: Path, best: dict, lengths: list[tuple[int, int]], har
     seconds = predicted.pop("seconds")
     measured = best["metrics"]["duration_s"]
     output_tokens = sum(output for _, output in lengths)
-    efficiency = seconds / measured
     return {"available": True, "precision": precision, "flops_per_s": flops, "memory_bandwidth_bytes_per_s": bandwidth,
             "source": "the node's latest env check", "predicted_seconds": seconds, "measured_seconds": measured,
             "predicted_output_tokens_per_s": output_tokens / seconds if seconds else None,
             "measured_output_tokens_per_s": best["metrics"]["output_tokens_per_s"],
             # Above 1 the ceiling is wrong, so it is no efficiency: flagged, and not shown as one.
-            "efficiency": efficiency if efficiency <= 1 else None,
-            "ceiling_ratio": efficiency, "note": OVER_CEILING if efficiency > 1 else None,
+            **Efficiency.judge(seconds, measured, overhead_out=False).as_dict(),
             "bound": predicted["bound"], "max_num_batched_tokens": batched,
             "batched_tokens_assumed": "max_num_batched_tokens" not in best["settings"],
             "concurrency": concurrency, "model": cost.as_dict(), "formulas": FORMULAS,

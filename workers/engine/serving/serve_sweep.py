@@ -23,16 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import workdirs
-from ..parameters import Parameter, validate
-from ..sweep import check_hardware
 from ..sweep.metrics import DEFINITIONS, summarize
-from ..sweep.search import SEARCH_HELP, SEARCHES, Space
+from ..sweep.result import Metrics, ServingBest, ServingTrial, TrialWorkload
+from ..sweep.search import SEARCHES, Space
 from ..sweep.workload import Workload
 from .checkpoint import vocab_size, write_validation_checkpoint
 from .client import Endpoint, run_requests
 from .correctness import check_correctness
-from .engines import KNOWN, configured_engines
-from .launchers import LAUNCHERS, SETTINGS, check_settings
+from .engines import configured_engines
+from .launchers import LAUNCHERS, check_settings
 from .server import EngineFailed, EngineServer, free_port, stop_servers_on_sigterm
 from .tensors import CheckpointRefused, check_checkpoint
 
@@ -46,7 +45,7 @@ CPU_DEFAULTS = {"gpu_memory_utilization": 0.1, "kv_cache_space_gib": 1}
 SAMPLE_S = 0.2
 
 
-def _grid(grid: dict) -> None:
+def check_grid(grid: dict) -> None:
     if not isinstance(grid, dict):
         raise ValueError("the grid maps engine settings (and concurrency) to lists of values")
     for key, values in grid.items():
@@ -61,37 +60,6 @@ def _grid(grid: dict) -> None:
     count = len(list(itertools.product(*grid.values()))) if grid else 1
     if count > MAX_CONFIGURATIONS:
         raise ValueError(f"the grid has {count} configurations; at most {MAX_CONFIGURATIONS}")
-
-
-PARAMETERS = (
-    Parameter("config", "object", "the model's config.json (the job's model)", set_by="control"),
-    Parameter("engine", "choice", "the serving engine (the node must offer it: python -m workers.node --engine)",
-              default="vllm", choices=KNOWN),
-    Parameter("weights_path", "path", "a checkpoint folder on the node (config.json, safetensors, tokenizer); "
-              "default: a validation checkpoint d0 writes (the architecture reduced, seeded random weights)",
-              nullable=True),
-    Parameter("settings", "object", "engine settings every trial uses, named as vLLM's arguments: "
-              + ", ".join(SETTINGS), default={}, check=check_settings),
-    Parameter("grid", "object", "lists of engine settings to try, one engine start per combination; "
-              "concurrency (client side) reuses a start (default, when no configurations are given either: "
-              + ", ".join(f"{key} {values}" for key, values in DEFAULT_GRID.items()) + ")", default={}, check=_grid),
-    Parameter("configurations", "list", "engine configurations to try as given, each an object of engine settings "
-              "(and concurrency), instead of or after the grid's", default=[], max_items=MAX_CONFIGURATIONS,
-              item=Parameter("configuration", "object", "engine settings of one configuration",
-                             check=lambda value: _grid({key: [item] for key, item in value.items()}))),
-    Parameter("search", "choice", SEARCH_HELP + " (each configuration its own engine start)", default="grid",
-              choices=tuple(SEARCHES)),
-    Parameter("workload", "object", "requests, prompt_len, output_len, arrival (closed or poisson), rate, "
-              "concurrency, warmup_requests, slo, timeout_s (per trial)", default={}, check=Workload.from_dict),
-    Parameter("hardware", "object", "memory_bandwidth_bytes_per_s and flops_per_s by precision for the recipe's "
-              "roofline prediction (default: the node's latest env check)", nullable=True, check=check_hardware),
-    Parameter("startup_timeout_s", "float", "seconds an engine may take to become healthy", default=900.0,
-              minimum=10, maximum=7200),
-    Parameter("correctness", "bool", "compare the best configuration's greedy tokens with the engine at TP=1 and "
-              "with transformers on the same checkpoint", default=True),
-    Parameter("correctness_tokens", "int", "greedy tokens per correctness prompt", default=8, minimum=1,
-              maximum=256),
-)
 
 
 class ServeSweepFailed(RuntimeError):
@@ -141,9 +109,8 @@ def engine_space(fill) -> Space:
                  batch_size=lambda config: config.settings.get("max_num_seqs", 1),
                  out_of_memory=lambda trial: trial.get("cause") == "out of memory",
                  at_least_as_large=at_least_as_large,
-                 skipped=lambda config, reason: {"settings": fill(config.settings), "client": config.client,
-                                                 "status": "skipped", "reason": reason, "metrics": None,
-                                                 "workload": None},
+                 skipped=lambda config, reason: ServingTrial(settings=fill(config.settings), client=config.client,
+                                                             status="skipped", reason=reason).as_dict(),
                  # Each confirmation is another engine start, and best_trial here takes the best run, not a median.
                  confirm_finalists=False)
 
@@ -252,18 +219,19 @@ def run_trials(session: Session, settings: dict, clients: list[dict], workload: 
                        "peak_memory_source": "resident memory of the engine's processes, sampled while serving"}
             failed = [record.error for record in run.records if record.error]
             status = "ok" if metrics.get("completed") == len(run.records) else "failed"
-            trials.append({"id": first_id + offset, **shown, "client": client, "status": status,
-                           "reason": None if status == "ok" else f"{len(failed)} requests failed: {failed[0]}",
-                           "startup_s": startup_s, "metrics": metrics,
-                           "client_cpu_s_per_request": run.client_cpu_s_per_request,
-                           "workload": {"requests": trial_workload.requests, "arrival": trial_workload.arrival,
-                                        "concurrency": in_flight}})
+            trials.append(ServingTrial(
+                id=first_id + offset, **shown, client=client, status=status,
+                reason=None if status == "ok" else f"{len(failed)} requests failed: {failed[0]}",
+                startup_s=startup_s, metrics=Metrics.from_dict(metrics),
+                client_cpu_s_per_request=run.client_cpu_s_per_request,
+                workload=TrialWorkload(requests=trial_workload.requests, arrival=trial_workload.arrival,
+                                       concurrency=in_flight)).as_dict())
     except EngineFailed as error:
         done = len(trials)
-        trials += [{"id": first_id + done + index, **shown, "client": client, "status": "failed",
-                    "cause": error.cause, "reason": error.reason, "startup_s": server.healthy_after_s,
-                    "metrics": None, "log_tail": _log_tail(server),
-                    "workload": {"requests": workload.requests, "arrival": workload.arrival}}
+        trials += [ServingTrial(id=first_id + done + index, **shown, client=client, status="failed",
+                                cause=error.cause, reason=error.reason, startup_s=server.healthy_after_s,
+                                log_tail=_log_tail(server),
+                                workload=TrialWorkload(requests=workload.requests, arrival=workload.arrival)).as_dict()
                    for index, client in enumerate(clients[done:])]
     finally:
         server.stop()
@@ -320,9 +288,8 @@ def run_search(session: Session, groups: list[tuple[dict, list[dict]]], workload
                     "seconds": time.perf_counter() - started}
 
 
-def serve_sweep(params: dict, progress) -> dict:
-    params = validate("serve_sweep", PARAMETERS, params, control=True)
-    params = {**{parameter.name: parameter.default for parameter in PARAMETERS}, **params}
+def run_serve_sweep(params: dict, progress) -> dict:
+    """The serve sweep with ``params`` as the stage checked them, every parameter given (``stage.py``)."""
     if not isinstance(params.get("config"), dict):
         raise ValueError("a serve sweep needs the model's config.json, as a JSON object, in params['config']")
     engines = configured_engines()
@@ -385,8 +352,8 @@ def serve_sweep(params: dict, progress) -> dict:
     return {"engine": described, "weights": weights, "tensors": tensors, "workload": workload.as_dict(),
             "grid": grid, "configurations": params["configurations"],
             "settings": params["settings"], "trials": trials,
-            "best": {"id": best["id"], "settings": best["settings"], "client": best["client"],
-                     "metrics": best["metrics"]},
+            "best": ServingBest(id=best["id"], settings=best["settings"], client=best["client"],
+                                metrics=Metrics.from_dict(best["metrics"])).as_dict(),
             "recipe": {**recipe(best, described, weights), "prediction": predicted},
             "correctness": correctness, "engine_starts": session.starts, "search": search,
             "seconds": time.perf_counter() - started, "metric_definitions": DEFINITIONS}

@@ -20,7 +20,7 @@ import torch
 
 from ..models.loading import build_random_model, causal_lm_config, load_config
 from .metrics import RequestRecord
-from .benchmark_model import PRECISIONS, benchmark_config, dynamic_int8_unsupported, quantize_dynamic_int8
+from .benchmark_model import SERVED_DTYPES, benchmark_config, dynamic_int8_unsupported, quantize_dynamic_int8
 from .roofline import ModelCost, model_cost
 from .search import TrialParams
 from .workload import Request, Workload
@@ -190,8 +190,8 @@ class TransformersContinuousBatching(BenchmarkBackend):
         return None
 
     def unsupported_reason(self, params: TrialParams) -> str | None:
-        if params.precision not in PRECISIONS:
-            return f"unknown precision {params.precision!r}; known: {', '.join(PRECISIONS)}"
+        if params.precision not in SERVED_DTYPES:
+            return f"unknown precision {params.precision!r}; known: {', '.join(SERVED_DTYPES)}"
         if params.precision == "int8":
             return dynamic_int8_unsupported(self.device)
         return None
@@ -212,7 +212,7 @@ class TransformersContinuousBatching(BenchmarkBackend):
     def _model(self, precision: str):
         if self._loaded is None or self._loaded[0] != precision:
             self._release()
-            model = build_random_model(load_config(self.model_config), dtype=PRECISIONS[precision],
+            model = build_random_model(load_config(self.model_config), dtype=SERVED_DTYPES[precision],
                                        device=self.device, seed=self.seed)
             if precision == "int8":
                 # Costed before quantisation: linear weights become 1 byte, everything else stays fp32.

@@ -15,7 +15,8 @@ from ..models.loading import causal_lm_config, load_config
 from ..models.reducer import deepen, reduce_config
 
 MIN_LAYERS = 2
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32}
+# The proxy sweep's precisions, by the torch dtype its model is built in (int8 quantizes an fp32 model dynamically).
+SERVED_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32}
 
 
 def benchmark_config(config: dict, *, reduce: bool = True) -> tuple[dict, dict]:

@@ -4,7 +4,8 @@
 
 Lengths take a fixed ``32``, a uniform range ``16-64`` or a list ``16,32,48``. ``--hardware`` reads a JSON file with
 ``memory_bandwidth_bytes_per_s`` and ``flops_per_s`` by precision (the env check's figures); without it the sweep
-measures the device itself the way the env check does, and the output's ``roofline.source`` says which.
+measures the device itself the way the env check does, and the output's ``roofline.source`` says which. Without
+``--json`` it prints the trials as ``manage.py sweep`` does (``format_summary``: the rows of ``trial_row``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ import argparse
 import json
 from pathlib import Path
 
-from . import MIN_REPEATS, run_sweep
+from .runner import run_sweep
+from .result import SweepResult
 from .search import SEARCH_HELP, SEARCHES
+from .stage import MIN_REPEATS
+from .trial_row import SWEEP_COLUMNS, figure, sweep_table
 
 
 def _ints(text: str) -> list[int]:
@@ -92,3 +96,35 @@ def run(args: argparse.Namespace, progress=None) -> dict:
     return run_sweep(config, grid=grid, workload=workload, search=args.search, device=args.device,
                      hardware=hardware, progress=progress, reduce=not args.full_model, repeats=args.repeats,
                      confirm_top=args.confirm_top)
+
+
+def _count(number, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def format_summary(stored: dict) -> str:
+    """The sweep for a terminal: the model served, the trials' table, the best configuration and the search."""
+    result = SweepResult.from_dict(stored)
+    model, backend = result.model, result.backend if isinstance(result.backend, dict) else {}
+    shape = (f"reduced to {model.get('layers')} of {model.get('full_layers')} layers" if model.get("reduced")
+             else f"full model, {model.get('layers')} layers")
+    lines = ["", f"Model: {model.get('model_type')}, {shape}; served by {backend.get('name')} on "
+                 f"{backend.get('device', '?')}", *sweep_table(result).terminal_lines()]
+    best = result.best
+    if best:
+        params = best.params
+        efficiency = best.efficiency.sentence if best.efficiency else "no roofline"
+        lines.append(f"Best: trial {best.id}: {params.get('precision')}, batch size {params.get('batch_size')}, page "
+                     f"size {params.get('page_size')}, max batch tokens {params.get('max_batch_tokens')}: "
+                     f"{figure(SWEEP_COLUMNS, 'output_tokens_per_s', best)} output tokens/s, "
+                     f"TTFT p50 {figure(SWEEP_COLUMNS, 'ttft_p50_s', best)}, "
+                     f"TPOT p50 {figure(SWEEP_COLUMNS, 'tpot_p50_s', best)}, {efficiency}")
+    else:
+        lines.append("Best: none (no trial served the full workload)")
+    search = result.search
+    seconds = search.get("seconds")
+    lines.append(f"Search: {search.get('strategy')}, {_count(search.get('trials_run'), 'trial')} run of "
+                 f"{_count(search.get('configurations'), 'configuration')}, "
+                 f"{_count(search.get('requests_served'), 'request')} served, "
+                 f"{'-' if seconds is None else format(seconds, '.1f')} s")
+    return "\n".join(lines)

@@ -1,6 +1,6 @@
 """The best configuration confirmed, not taken from one pass: the top candidates of the search re-measured.
 
-The highest of many noisy figures overstates its configuration (the winner's curse: issue 16 found a grid pass's
+The highest of many noisy figures overstates its configuration (the winner's curse: a grid pass's
 best 6.7% above its own re-measured throughput at the median, 35% at worst), and a configuration that won by noise
 beats a better one. So the ``CONFIRM_TOP`` best trials that served the full workload are served again, each
 ``repeats`` times, and the best is the highest re-measured median: its figures are the re-measurement's, which the

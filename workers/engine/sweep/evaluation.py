@@ -4,13 +4,9 @@ from __future__ import annotations
 
 from .backends import TrialResult
 from .metrics import summarize
+from .result import Metrics, Roofline, SweepTrial, TrialWorkload
 from .roofline import predict, separate_overhead, step_overhead
 from .workload import Workload
-
-# The note of a prediction with no per-step overhead taken out (the serving recipe's); the sweep's trials carry
-# ``roofline.FLAGS``' notes.
-OVER_CEILING = ("measured faster than the predicted ceiling: the bandwidth or FLOP/s figures understate this device "
-                "for this working set (measured under contention, or the weights fit in a cache)")
 
 
 def roofline_entry(result: TrialResult, metrics: dict, workload: Workload, figures: dict) -> dict | None:
@@ -61,15 +57,14 @@ def with_step_overhead(trials: list[dict]) -> dict | None:
 
 
 def evaluate(result: TrialResult, workload: Workload, figures: dict) -> dict:
+    """The trial as it is stored (``result.SweepTrial``); the search numbers it and ``runner.repeated`` adds its
+    runs."""
     metrics = None
     if result.status == "ok":
         metrics = {**summarize(result.records, workload.slo), **result.memory}
-    return {
-        "params": result.params.as_dict(),
-        "workload": {"requests": workload.requests, "arrival": workload.arrival},
-        "status": result.status,
-        "reason": result.reason,
-        "metrics": metrics,
-        "roofline": roofline_entry(result, metrics, workload, figures) if metrics else None,
-        "details": result.details,
-    }
+    return SweepTrial(params=result.params.as_dict(),
+                      workload=TrialWorkload(requests=workload.requests, arrival=workload.arrival),
+                      status=result.status, reason=result.reason, metrics=Metrics.from_dict(metrics),
+                      roofline=Roofline.from_dict(roofline_entry(result, metrics, workload, figures) if metrics
+                                                  else None),
+                      details=result.details).as_dict()

@@ -24,7 +24,8 @@ sampling): ``step_overhead`` fits measured seconds per step against ceiling seco
 trials of a sweep (the intercept is the overhead, Williams et al.'s roofline has none), and ``separate_overhead``
 takes ``steps x overhead`` out of each trial's measured time before dividing: efficiency = ceiling time /
 (measured - steps x overhead) describes the hardware, ``end_to_end_efficiency`` = ceiling / measured the whole.
-An efficiency above 1 cannot be true; such a trial carries ``flag`` (its figure is not shown as one).
+An efficiency above 1 cannot be true; such a trial carries ``flag`` (its figure is not shown as one): the rule is
+``result.Efficiency``'s, which every report reads.
 
 The trial is memory-bound when its arithmetic intensity (FLOPs / bytes) is below the ridge point (FLOP/s / bytes/s),
 else compute-bound. The node's figures come from the ``hardware`` parameter (the node's latest env check, passed
@@ -39,6 +40,8 @@ from dataclasses import asdict, dataclass
 
 from ..models.reducer import EXPERT_COUNT_KEYS, TOP_K_KEYS
 from ..envcheck.measure import copy_bandwidth, matmul_throughput
+# The flags are the efficiency rule's (result.Efficiency); named here too, beside the roofline that raises them.
+from .result import OVER_CEILING, OVERHEAD_EXPLAINS_ALL, Efficiency  # noqa: F401
 
 FORMULAS = {
     "flops": "2 x active parameters x tokens (active: sum(p.numel()) of the built model, routed experts x top_k / "
@@ -52,15 +55,6 @@ FORMULAS = {
     "efficiency": "predicted ceiling seconds / (measured seconds - steps x per-step overhead)",
     "end_to_end_efficiency": "predicted ceiling seconds / measured duration seconds",
     "bound": "memory-bound if flops / bytes < flops_per_s / memory_bandwidth_bytes_per_s (the ridge point)",
-}
-OVER_CEILING = "over_ceiling"
-OVERHEAD_EXPLAINS_ALL = "overhead_explains_all"
-FLAGS = {
-    OVER_CEILING: "measured faster than the predicted ceiling once the per-step overhead is taken out: the bandwidth "
-                  "or FLOP/s figures understate this device for this working set (weights that fit in a cache, "
-                  "figures measured under load), or the overhead fit overstates this trial's",
-    OVERHEAD_EXPLAINS_ALL: "the fitted per-step overhead accounts for all of the measured time: nothing is left "
-                           "to judge the hardware by",
 }
 # The trials the overhead is fitted over: the smallest third by ceiling seconds per step, and at least this many.
 OVERHEAD_FIT_MIN_TRIALS = 3
@@ -273,19 +267,16 @@ def step_overhead(entries: list[dict]) -> dict | None:
 
 
 def separate_overhead(entry: dict, overhead_per_step: float) -> dict:
-    """One trial's roofline entry with ``steps x overhead`` taken out of its measured time: ``efficiency`` of the
-    hardware, ``end_to_end_efficiency`` of the whole, and ``flag`` when the efficiency cannot be true (above 1,
-    or no time left once the overhead is out); a flagged trial's ``efficiency`` is None."""
+    """One trial's roofline entry with ``steps x overhead`` taken out of its measured time: its efficiency of the
+    hardware judged by ``result.Efficiency`` (flagged when above 1, or when no time is left once the overhead is
+    out), and ``end_to_end_efficiency`` of the whole."""
     measured, predicted = entry["measured_seconds"], entry["predicted_seconds"]
     overhead = entry["steps"] * overhead_per_step
     hardware = measured - overhead
-    efficiency = predicted / hardware if hardware > 0 else None
-    flag = OVERHEAD_EXPLAINS_ALL if efficiency is None else OVER_CEILING if efficiency > 1 else None
     itl_step, decode_step = entry.get("measured_decode_step_seconds"), entry["decode"]["step_seconds"]
     decode_hardware = itl_step - overhead_per_step if itl_step else None
     return {**entry, "overhead_seconds": overhead, "overhead_seconds_per_step": overhead_per_step,
             "hardware_seconds": hardware, "end_to_end_efficiency": predicted / measured,
-            "efficiency": None if flag else efficiency, "ceiling_ratio": efficiency if flag else None,
-            "flag": flag, "note": FLAGS.get(flag),
+            **Efficiency.judge(predicted, hardware).as_dict(),
             "decode_step_efficiency": decode_step / decode_hardware if decode_step and decode_hardware and
             decode_hardware > 0 else None}

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .result import SweepTrial
 from .workload import Workload
 
 GRID_KEYS = ("precision", "batch_size", "page_size", "max_batch_tokens")
@@ -41,7 +42,7 @@ GRID_DEFAULTS = {"precision": ["fp32"], "batch_size": [1, 2, 4], "page_size": [1
 OBJECTIVE = "output_tokens_per_s"
 ETA = 3
 # A short run's throughput within this share of the last configuration promoted goes on too (a busy node's runs of
-# one configuration differ by more than that; issue 16 saw a pick at 0.907 of the best after one short run).
+# one configuration differ by more than that; a pick at 0.907 of the best was seen after one short run).
 KEEP_WITHIN = 0.05
 # Configurations that reach the full workload, and extra full runs each, interleaved, before the pick: only
 # when the runner-up's full run is within CONFIRM_WITHIN of the leader's (a clear lead needs no second look).
@@ -137,8 +138,8 @@ def _proxy_at_least_as_large(params: TrialParams, trial: dict) -> bool:
 
 PROXY = Space(label=label, as_dict=TrialParams.as_dict, batch_size=lambda params: params.batch_size,
               out_of_memory=lambda trial: trial["status"] == "oom", at_least_as_large=_proxy_at_least_as_large,
-              skipped=lambda params, reason: {"params": params.as_dict(), "workload": None, "status": "skipped",
-                                              "reason": reason, "metrics": None, "roofline": None, "details": {}})
+              skipped=lambda params, reason: SweepTrial(params=params.as_dict(), status="skipped",
+                                                        reason=reason).as_dict())
 
 
 @dataclass(frozen=True)

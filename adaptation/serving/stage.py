@@ -1,0 +1,76 @@
+"""The control plane's side of the serving stages: ``serve_sweep`` (a real engine on a node that offers it, tuned
+over engine settings) and ``endpoint_bench`` (d0's load client against an endpoint the team registered)."""
+
+from __future__ import annotations
+
+from django.urls import reverse
+
+from workers.engine.parameters import ParameterError
+from workers.engine.sweep.result import EndpointBenchResult, ServeSweepResult, served
+
+from ..stages import Outcome, StageHandler, register
+from ..models import ServingEndpoint
+from ..sweeps.services import with_measured_hardware
+from .services import ENDPOINT_REPORT_KIND, ENGINE_REPORT_KIND, endpoint_parameters, engine_of
+
+
+@register
+class ServeSweep(StageHandler):
+    kind = ENGINE_REPORT_KIND
+
+    def eligible(self, job, params: dict, nodes: list) -> list:
+        engine = params.get("engine", "vllm")
+        serving = [node for node in nodes if engine_of(node.host_facts or {}, engine)]
+        if not serving:
+            raise ValueError(f"no eligible node offers a usable {engine} engine (start a node worker with "
+                             f"--engine {engine}=/path/to/its/python)")
+        return serving
+
+    def prepare(self, job, params: dict, nodes: list) -> dict:
+        return with_measured_hardware(params, nodes[0])
+
+    def outcome(self, stored: dict) -> Outcome:
+        result = ServeSweepResult.from_dict(stored)
+        measured = (result.recipe or {}).get("measured") or {}
+        warnings = []
+        if result.weights.get("kind") == "validation checkpoint":
+            warnings.append("served a validation checkpoint (reduced, random weights), not the release's weights")
+        verdict = (result.correctness or {}).get("verdict")
+        if verdict not in (None, "agree"):
+            warnings.append(f"correctness: {verdict}")
+        return Outcome(f"recipe on {result.engine.get('name', '?')} {result.engine.get('version') or ''}: "
+                       f"{measured.get('output_tokens_per_s') or 0:.1f} output tok/s; {served(result.trials)}",
+                       warnings)
+
+    def page(self, job, run) -> str | None:
+        return reverse("engine-report", args=[run.pk]) if run.status == "succeeded" else None
+
+
+@register
+class EndpointBench(StageHandler):
+    kind = ENDPOINT_REPORT_KIND
+
+    def check(self, job) -> None:
+        if not job.team_id:
+            return
+        endpoint = (job.parameters.get(self.kind) or {}).get("endpoint")
+        if endpoint is None:
+            raise ParameterError(f"{self.kind}.endpoint", "required: the id of one of the team's serving endpoints "
+                                                          "(/endpoints/)")
+        if not ServingEndpoint.objects.filter(team_id=job.team_id, pk=endpoint).exists():
+            raise ParameterError(f"{self.kind}.endpoint", f"no serving endpoint {endpoint} in this team")
+
+    def prepare(self, job, params: dict, nodes: list) -> dict:
+        # The stored endpoint's address and (decrypted) key go only into the dispatched message, never the job row.
+        return {**params, **endpoint_parameters(job.team, params.get("endpoint"))}
+
+    def outcome(self, stored: dict) -> Outcome:
+        result = EndpointBenchResult.from_dict(stored)
+        best = result.best
+        throughput = best.metrics.output_tokens_per_s if best and best.metrics else None
+        return Outcome(f"{result.endpoint.get('served_model', '?')} at {result.endpoint.get('base_url', '?')}: best "
+                       f"{throughput or 0:.1f} output tok/s at concurrency "
+                       f"{best.client.get('concurrency', '?') if best else '?'}")
+
+    def page(self, job, run) -> str | None:
+        return reverse("endpoint-report", args=[run.pk]) if run.status == "succeeded" else None

@@ -1,0 +1,86 @@
+"""The serving node stages: ``serve_sweep`` (a real engine, vLLM first, started on this node and tuned over engine
+settings, ``serve_sweep``) and ``endpoint_bench`` (d0's load client against an endpoint someone else runs,
+``endpoint_bench``): what each takes and the stage functions that check it and run them."""
+
+from __future__ import annotations
+
+from ..parameters import Parameter, validate
+from ..stage_spec import StageSpec
+from ..sweep.search import SEARCH_HELP, SEARCHES
+from ..sweep.stage import check_hardware
+from ..sweep.workload import Workload
+from .endpoint_bench import MAX_CONCURRENCIES, check_base_url, run_endpoint_bench
+from .engines import KNOWN
+from .launchers import SETTINGS, check_settings
+from .serve_sweep import DEFAULT_GRID, MAX_CONFIGURATIONS, check_grid, run_serve_sweep
+
+PARAMETERS = (
+    Parameter("config", "object", "the model's config.json (the job's model)", set_by="control"),
+    Parameter("engine", "choice", "the serving engine (the node must offer it: python -m workers.node --engine)",
+              default="vllm", choices=KNOWN),
+    Parameter("weights_path", "path", "a checkpoint folder on the node (config.json, safetensors, tokenizer); "
+              "default: a validation checkpoint d0 writes (the architecture reduced, seeded random weights)",
+              nullable=True),
+    Parameter("settings", "object", "engine settings every trial uses, named as vLLM's arguments: "
+              + ", ".join(SETTINGS), default={}, check=check_settings),
+    Parameter("grid", "object", "lists of engine settings to try, one engine start per combination; "
+              "concurrency (client side) reuses a start (default, when no configurations are given either: "
+              + ", ".join(f"{key} {values}" for key, values in DEFAULT_GRID.items()) + ")", default={},
+              check=check_grid),
+    Parameter("configurations", "list", "engine configurations to try as given, each an object of engine settings "
+              "(and concurrency), instead of or after the grid's", default=[], max_items=MAX_CONFIGURATIONS,
+              item=Parameter("configuration", "object", "engine settings of one configuration",
+                             check=lambda value: check_grid({key: [item] for key, item in value.items()}))),
+    Parameter("search", "choice", SEARCH_HELP + " (each configuration its own engine start)", default="grid",
+              choices=tuple(SEARCHES)),
+    Parameter("workload", "object", "requests, prompt_len, output_len, arrival (closed or poisson), rate, "
+              "concurrency, warmup_requests, slo, timeout_s (per trial)", default={}, check=Workload.from_dict),
+    Parameter("hardware", "object", "memory_bandwidth_bytes_per_s and flops_per_s by precision for the recipe's "
+              "roofline prediction (default: the node's latest env check)", nullable=True, check=check_hardware),
+    Parameter("startup_timeout_s", "float", "seconds an engine may take to become healthy", default=900.0,
+              minimum=10, maximum=7200),
+    Parameter("correctness", "bool", "compare the best configuration's greedy tokens with the engine at TP=1 and "
+              "with transformers on the same checkpoint", default=True),
+    Parameter("correctness_tokens", "int", "greedy tokens per correctness prompt", default=8, minimum=1,
+              maximum=256),
+)
+
+ENDPOINT_PARAMETERS = (
+    Parameter("config", "object", "the model's config.json (the job's model)", set_by="control"),
+    Parameter("endpoint", "int", "the team's stored endpoint to benchmark (its id: /endpoints/)", minimum=1),
+    Parameter("base_url", "str", "the endpoint's base URL, from the stored endpoint", set_by="control",
+              check=check_base_url),
+    Parameter("served_model", "str", "the model name the endpoint serves, from the stored endpoint",
+              set_by="control"),
+    Parameter("api_key", "str", "the endpoint's API key, decrypted from the stored endpoint", set_by="control",
+              nullable=True),
+    Parameter("concurrency", "list", "requests in flight, one trial per value", default=[1, 4],
+              max_items=MAX_CONCURRENCIES, item=Parameter("concurrency", "int", "requests in flight", minimum=1,
+                                                           maximum=4096)),
+    Parameter("workload", "object", "requests, prompt_len, output_len, arrival (closed or poisson), rate, "
+              "warmup_requests, slo, timeout_s (per trial)", default={}, check=Workload.from_dict),
+    Parameter("ignore_eos", "bool", "ask for every output token (vLLM and SGLang take ignore_eos; turn it off for "
+              "servers that refuse unknown fields: then output lengths are the server's)", default=True),
+)
+
+
+def _with_defaults(kind: str, declared: tuple[Parameter, ...], params: dict) -> dict:
+    params = validate(kind, declared, params, control=True)
+    return {**{parameter.name: parameter.default for parameter in declared}, **params}
+
+
+def serve_sweep(params: dict, progress) -> dict:
+    return run_serve_sweep(_with_defaults("serve_sweep", PARAMETERS, params), progress)
+
+
+def endpoint_bench(params: dict, progress) -> dict:
+    return run_endpoint_bench(_with_defaults("endpoint_bench", ENDPOINT_PARAMETERS, params), progress)
+
+
+STAGES = (
+    StageSpec(kind="serve_sweep", run=serve_sweep, gated=True, needs_model=True, placement="one",
+              parameters=PARAMETERS, preload=("torch", "transformers", "workers.engine.serving.prediction")),
+    # Only a client runs (the endpoint is someone else's server), so the node needs no fresh env check.
+    StageSpec(kind="endpoint_bench", run=endpoint_bench, gated=False, needs_model=True, placement="one",
+              parameters=ENDPOINT_PARAMETERS),
+)

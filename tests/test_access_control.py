@@ -291,7 +291,7 @@ def test_every_filter_naming_a_row_offers_only_the_users_teams_rows(rows, outsid
     from django.test import RequestFactory
     from django_filters.filters import QuerySetRequestMixin
 
-    from adaptation.api.urls import router
+    from adaptation.api_urls import router
 
     request = RequestFactory().get("/")
     request.user = outsider

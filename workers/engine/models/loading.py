@@ -30,7 +30,7 @@ def _numbers_back(value):
 
 def canonical_config(config: dict) -> tuple[dict, str | None]:
     """The config a model is built from, and the note a report must carry when it is not the release's own: a
-    config no transformers architecture fits becomes d0's generic decoder of its shape (``models.generic``)."""
+    config no transformers architecture fits becomes d0's generic decoder of its shape (``models.generic_decoder``)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     if not isinstance(config, dict):

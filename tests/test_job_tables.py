@@ -103,3 +103,18 @@ def test_the_filter_forms_selects_keep_their_models_order(signed_in, team, owner
     assert html.index(">a-pod<") < html.index(">b-pod<") < html.index(">c-pod<")
     assert html.index(">newer<") < html.index(">older<")
     assert "0-theirs" not in html
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Europe/Paris", "America/New_York", "Asia/Kolkata"])
+def test_the_tables_timestamp_reads_as_djangos_date_filter(zone):
+    """``stamp`` replaces ``date:"Y-m-d H:i:s T"`` in the job table for speed: the same text in every time zone,
+    summer and winter."""
+    from django.template import Context, Template
+    from django.utils import timezone as django_timezone
+
+    ours, djangos = Template("{% load d0 %}{{ moment|stamp }}"), Template('{{ moment|date:"Y-m-d H:i:s T" }}')
+    with django_timezone.override(zone):
+        for moment in (datetime(2026, 1, 15, 23, 59, 58, tzinfo=timezone.utc),
+                       datetime(2026, 7, 1, 0, 0, 1, tzinfo=timezone.utc), None):
+            context = Context({"moment": moment})
+            assert ours.render(context) == djangos.render(context)

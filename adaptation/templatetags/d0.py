@@ -2,6 +2,7 @@ import json
 
 from django import template
 from django.utils.html import format_html
+from django.utils.timezone import localtime
 
 register = template.Library()
 
@@ -11,6 +12,16 @@ def status_badge(status, label) -> str:
     """A coloured status label (d0.css colours ``status-<status>``): a tag rather than an included template, whose
     context and lookup cost more than the label itself in a table's every row."""
     return format_html('<span class="status status-{}">{}</span>', status, label)
+
+
+@register.filter
+def stamp(value) -> str:
+    """A moment as the tables show it, ``2026-12-04 14:52:10 UTC`` in the current time zone: the same text as the
+    ``date:"Y-m-d H:i:s T"`` filter at a tenth of its cost (it formats through a character-by-character formatter;
+    a job table has a date in every row)."""
+    if not value:
+        return ""
+    return localtime(value).strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
 @register.filter

@@ -73,6 +73,7 @@ def test_special_addresses_are_refused_however_written(url, reason):
     ("http://100.64.0.9:8000", "100.64.0.9"),  # shared address space (Tailscale, carrier-grade NAT)
     ("http://[fd12:3456::7]:8000", "fd12:3456::7"),
     ("http://10.9.8.7:8000", "10.9.8.7"),  # the broker's host at another port
+    ("http://[::ffff:10.0.0.7]:8000", "::ffff:a00:7"),  # judged as the IPv4 address it carries
     ("https://8.8.8.8", "8.8.8.8"),
 ])
 def test_private_and_public_addresses_are_where_endpoints_live(url, address):

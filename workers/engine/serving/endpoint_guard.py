@@ -91,22 +91,22 @@ def metadata_host(host: str) -> bool:
 
 
 def why_refused(address: Address) -> str | None:
-    """What kind of address this is, when it is a kind refused unless listed; None for an ordinary one."""
-    for candidate in (_ipv4_inside(address), address):  # ::ffff:127.0.0.1 is loopback, not reserved
-        if candidate is None:
-            continue
-        if candidate in METADATA_ADDRESSES:
-            return "a cloud metadata service's address"
-        if candidate.is_loopback:
-            return "a loopback address"
-        if candidate.is_link_local:
-            return "a link-local address"
-        if candidate.is_unspecified or (candidate.version == 4 and candidate in THIS_NETWORK):
-            return "an unspecified address"
-        if candidate.is_multicast:
-            return "a multicast address"
-        if candidate.is_reserved or candidate == ipaddress.IPv4Address("255.255.255.255"):
-            return "a reserved address"
+    """What kind of address this is, when it is a kind refused unless listed; None for an ordinary one. An IPv6
+    address carrying an IPv4 one is judged as that IPv4 address (::ffff:127.0.0.1 is loopback, ::ffff:8.8.8.8 is
+    not reserved)."""
+    address = _ipv4_inside(address) or address
+    if address in METADATA_ADDRESSES:
+        return "a cloud metadata service's address"
+    if address.is_loopback:
+        return "a loopback address"
+    if address.is_link_local:
+        return "a link-local address"
+    if address.is_unspecified or (address.version == 4 and address in THIS_NETWORK):
+        return "an unspecified address"
+    if address.is_multicast:
+        return "a multicast address"
+    if address.is_reserved or address == ipaddress.IPv4Address("255.255.255.255"):
+        return "a reserved address"
     return None
 
 

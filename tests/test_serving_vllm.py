@@ -251,7 +251,8 @@ def test_an_endpoint_someone_else_runs_is_benchmarked_with_its_stored_key(stack,
     spec = ModelSpec.objects.create(team=team, name="served", created_by=owner,
                                     config=json.loads((checkpoint / "config.json").read_text()))
     cluster = team.clusters.create(name="clients", expected_devices_per_node=1)
-    stack.start_node("alpha/clients", "client-node")
+    # The endpoint is on this machine's loopback, which a node reaches only when its operator lists it.
+    stack.start_node("alpha/clients", "client-node", extra=("--endpoint-allow", "127.0.0.1"))
     wait_for(node_online("client-node"), 60, "node registration")
     with EngineServer([*launch.command, "--api-key", secret], env=launch.env, port=port,
                       log_path=tmp_path / "engine.log") as server:

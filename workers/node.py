@@ -33,6 +33,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from . import broker_fix  # noqa: F401 - a broker restart must not stop the node worker
 from . import protocol, signing
 from .engine.envcheck.probe import probe_devices, probe_host
+from .engine.serving import endpoint_guard
 from .engine.serving.engines import configured_engines, parse_engines
 from .engine.stages import STAGES
 from .engine.stages import run_stage as run_engine_stage
@@ -294,6 +295,10 @@ def main(argv: list[str] | None = None) -> int:
                         default=os.environ.get("D0_ENGINES", "").split(),
                         help="a serving engine this node offers and its interpreter, e.g. vllm=/opt/vllm/bin/python "
                              "(repeat for more; default: $D0_ENGINES, space-separated)")
+    parser.add_argument("--endpoint-allow", default=os.environ.get(endpoint_guard.ALLOW_ENV, ""), metavar="HOSTS",
+                        help="hosts or CIDRs an endpoint benchmark may reach although they are loopback, link-local "
+                             "or a metadata address, comma-separated (default: $D0_NODE_ENDPOINT_ALLOW; the broker "
+                             "is refused whatever is listed)")
     parser.add_argument("--loglevel", default="info")
     args = parser.parse_args(argv)
     if not args.broker:
@@ -317,6 +322,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--engine: {error}")
     # The serve stage reads the node's engines from here: a job can pick an engine by name, never an interpreter.
     os.environ["D0_ENGINES"] = " ".join(args.engines)
+    try:  # what an endpoint benchmark may reach, read by the stage process (its broker is never one)
+        os.environ.update(endpoint_guard.node_environment(args.endpoint_allow, args.broker))
+    except ValueError as error:
+        parser.error(f"--endpoint-allow: {error}")
     allow_only(NODE_COMMANDS)
     import_stage_code()
     app.worker_main([

@@ -6,12 +6,17 @@ Prompts are token ids, so lengths are exact whatever the tokenizer; ``ignore_eos
 its full output length (vLLM's ``--ignore-eos``). Closed loop: at most ``in_flight`` requests outstanding;
 Poisson: each request waits for its arrival time, then for a free slot when ``in_flight`` caps it. Warm-up
 requests go first and are excluded. A failed request is recorded with its error, never dropped.
+
+What a reply says never reaches a result: an HTTP error is its status and its body's size, a redirect is such an
+error (never followed), and a reply that is not HTTP is named by its error's type. An endpoint someone else runs
+is reached at the addresses its check pinned (``endpoint_guard``), never by resolving its host again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from dataclasses import dataclass
 
@@ -28,6 +33,9 @@ class Endpoint:
     model: str
     api_key: str | None = None
     ignore_eos: bool = True
+    # The addresses its host was checked at (endpoint_guard.EndpointPolicy.pin): when given, every connection goes
+    # to one of these. Empty for a server d0 started itself on this node.
+    addresses: tuple[str, ...] = ()
 
     def headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
@@ -38,6 +46,63 @@ class Endpoint:
     @property
     def completions_url(self) -> str:
         return self.base_url.rstrip("/") + "/v1/completions"
+
+
+class PinnedResolver:
+    """aiohttp's resolver for a session that talks to one checked endpoint: any host name it is asked for is
+    answered with the checked addresses, so no connection of the session reaches another address (an IP literal
+    host is not resolved by aiohttp at all: it is the address that was checked)."""
+
+    def __init__(self, addresses: tuple[str, ...]):
+        self.addresses = addresses
+
+    async def resolve(self, host: str, port: int = 0, family=socket.AF_UNSPEC) -> list[dict]:
+        return [{"hostname": host, "host": address, "port": port,
+                 "family": socket.AF_INET6 if ":" in address else socket.AF_INET, "proto": 0,
+                 "flags": socket.AI_NUMERICHOST} for address in self.addresses]
+
+    async def close(self) -> None:
+        pass
+
+
+def _connector(endpoint: Endpoint):
+    import aiohttp
+
+    resolver = PinnedResolver(endpoint.addresses) if endpoint.addresses else None
+    return aiohttp.TCPConnector(limit=0, resolver=resolver)
+
+
+# Bytes of an error reply counted for its size; past this the size is "more than" it (and the rest is not read).
+ERROR_BODY_COUNTED = 1 << 20
+
+
+async def http_error(response) -> str:
+    """An HTTP error as its status and its body's size: the body may be anything the address serves (an internal
+    service's page, a metadata document) and a job's error is read by every member of its team."""
+    size = 0
+    while size <= ERROR_BODY_COUNTED:
+        chunk = await response.content.read(65536)
+        if not chunk:
+            break
+        size += len(chunk)
+    shown = f"{size} bytes" if size <= ERROR_BODY_COUNTED else f"over {ERROR_BODY_COUNTED} bytes"
+    redirect = ", a redirect, not followed" if 300 <= response.status < 400 else ""
+    return f"HTTP {response.status}{redirect} ({shown} of body, not shown)"
+
+
+def failure(error: BaseException) -> str:
+    """A request's exception as a record's error. aiohttp's errors about a reply quote it (a bad status line is a
+    non-HTTP service's banner, a disconnect mid-reply carries its headers), so only a failure to connect keeps its
+    message; any other error of the client is named by its type (and status)."""
+    import aiohttp
+
+    name = type(error).__name__
+    if isinstance(error, aiohttp.ClientResponseError):
+        return f"{name}: status {error.status} (the reply is not shown)"
+    if isinstance(error, aiohttp.ClientError) and not isinstance(error, (aiohttp.ClientConnectorError,
+                                                                         aiohttp.ClientOSError)):
+        return f"{name} (the reply is not shown)"
+    return f"{name}: {error}"[:300]
 
 
 @dataclass
@@ -58,10 +123,10 @@ async def _stream_one(session, endpoint: Endpoint, request: Request) -> RequestR
     reported = None
     sent = time.perf_counter()
     try:
-        async with session.post(endpoint.completions_url, json=payload, headers=endpoint.headers()) as response:
+        async with session.post(endpoint.completions_url, json=payload, headers=endpoint.headers(),
+                                allow_redirects=False) as response:
             if response.status != 200:
-                body = (await response.text())[:300]
-                return RequestRecord(sent, [], len(request.prompt_ids), error=f"HTTP {response.status}: {body}")
+                return RequestRecord(sent, [], len(request.prompt_ids), error=await http_error(response))
             async for raw in response.content:
                 line = raw.strip()
                 if not line.startswith(b"data:"):
@@ -76,8 +141,7 @@ async def _stream_one(session, endpoint: Endpoint, request: Request) -> RequestR
                 if chunk.get("usage"):
                     reported = chunk["usage"].get("completion_tokens")
     except Exception as error:  # a failed request is a result: counted and shown, the run goes on
-        return RequestRecord(sent, chunk_times, len(request.prompt_ids),
-                             error=f"{type(error).__name__}: {error}"[:300])
+        return RequestRecord(sent, chunk_times, len(request.prompt_ids), error=failure(error))
     if reported is not None and reported != request.output_tokens and endpoint.ignore_eos:
         return RequestRecord(sent, chunk_times, len(request.prompt_ids), reported_output_tokens=reported,
                              error=f"asked for {request.output_tokens} tokens, the server generated {reported}")
@@ -105,7 +169,7 @@ async def _run(endpoint: Endpoint, measured: list[Request], warmup: list[Request
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+    async with aiohttp.ClientSession(timeout=timeout, connector=_connector(endpoint)) as session:
         warmup_records = await _send_all(session, endpoint, warmup, None) if warmup else []
         cpu, wall = time.process_time(), time.perf_counter()
         records = await _send_all(session, endpoint, measured, in_flight)
@@ -129,16 +193,17 @@ def greedy(endpoint: Endpoint, prompts: list[list[int]], max_tokens: int, *, tim
     import aiohttp
 
     async def fetch() -> list[dict]:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s),
+                                         connector=_connector(endpoint)) as session:
             async def one(prompt):
                 payload = {"model": endpoint.model, "prompt": prompt, "max_tokens": max_tokens,
                            "temperature": 0.0, "ignore_eos": True, "return_token_ids": True,
                            **({"logprobs": 1} if logprobs else {})}
-                async with session.post(endpoint.completions_url, json=payload,
-                                        headers=endpoint.headers()) as response:
-                    body = await response.json(content_type=None)
+                async with session.post(endpoint.completions_url, json=payload, headers=endpoint.headers(),
+                                        allow_redirects=False) as response:
                     if response.status != 200:
-                        raise RuntimeError(f"HTTP {response.status}: {str(body)[:300]}")
+                        raise RuntimeError(await http_error(response))
+                    body = await response.json(content_type=None)
                 choice = body["choices"][0]
                 found = (choice.get("logprobs") or {}).get("token_logprobs")
                 return {"token_ids": choice.get("token_ids"), "logprobs": found}

@@ -10,6 +10,7 @@ from ..sweep.search import SEARCH_HELP, SEARCHES
 from ..sweep.stage import check_hardware
 from ..sweep.workload import Workload
 from .endpoint_bench import MAX_CONCURRENCIES, check_base_url, run_endpoint_bench
+from .endpoint_guard import EndpointPolicy
 from .engines import KNOWN
 from .launchers import SETTINGS, check_settings
 from .serve_sweep import DEFAULT_GRID, MAX_CONFIGURATIONS, check_grid, run_serve_sweep
@@ -73,8 +74,8 @@ def serve_sweep(params: dict, progress) -> dict:
     return run_serve_sweep(_with_defaults("serve_sweep", PARAMETERS, params), progress)
 
 
-def endpoint_bench(params: dict, progress) -> dict:
-    return run_endpoint_bench(_with_defaults("endpoint_bench", ENDPOINT_PARAMETERS, params), progress)
+def endpoint_bench(params: dict, progress, policy: EndpointPolicy | None = None) -> dict:
+    return run_endpoint_bench(_with_defaults("endpoint_bench", ENDPOINT_PARAMETERS, params), progress, policy)
 
 
 STAGES = (

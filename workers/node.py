@@ -29,6 +29,7 @@ from pathlib import Path
 
 from celery import Celery, signals
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.worker.request import Request
 
 from . import broker_fix  # noqa: F401 - a broker restart must not stop the node worker
 from . import protocol, signing
@@ -40,6 +41,7 @@ from .delivered import Delivered
 from .engine.workdirs import remove_stale
 from .outbox import Outbox
 from .remote_control import NODE_COMMANDS, allow_only
+from .stage_runs import StageRuns, loss_reason
 
 logger = logging.getLogger("d0.node")
 
@@ -69,6 +71,7 @@ class Identity:
 
 identity = Identity()
 _stop_heartbeat = threading.Event()
+held = StageRuns()  # the stage runs this worker holds, named by its heartbeats (kept in the main process)
 
 
 def key_path(state_dir: Path, cluster_ref: str, hostname: str) -> Path:
@@ -209,12 +212,49 @@ def _heartbeat_loop() -> None:
         beat = _sender(connection, protocol.heartbeat_queue(), expires=identity.heartbeat_interval * 2)
         while not _stop_heartbeat.wait(identity.heartbeat_interval):
             try:
-                beat(protocol.NODE_HEARTBEAT, identity.key.message(protocol.NODE_HEARTBEAT, []))
+                beat(protocol.NODE_HEARTBEAT, identity.key.message(protocol.NODE_HEARTBEAT, heartbeat_args()))
             except Exception as error:  # noqa: BLE001 - a broker blip must not kill the heartbeat thread
                 logger.warning("heartbeat failed (%s); trying again in %ss", error, identity.heartbeat_interval)
                 continue
             # The broker answers: send what it refused before. Not waiting for a stage's report being sent now.
             identity.outbox.flush(_sender(connection), wait=False)
+
+
+def heartbeat_args() -> list:
+    """A heartbeat's one argument: the stage runs this worker holds, those that ended here lately, and those whose
+    process died without a report, with why (``workers/stage_runs.py``)."""
+    return [held.beat(identity.heartbeat_interval, finished_runs_kept(identity.outbox))]
+
+
+class StageRequest(Request):
+    """A stage message's request in the worker's main process, which sees its end: acknowledged (it ran, or was
+    revoked before it ran), rejected, or failed by the pool (the stage's process died: killed by the kernel's OOM
+    killer or anyone else, terminated by a revoke, past the hard time limit) — then ``held`` keeps why."""
+
+    def on_failure(self, exc_info, *args, **kwargs):
+        error = exc_info.exception
+        held.ended(self.id, loss_reason(getattr(error, "exc", error)))  # an ExceptionWithTraceback wraps it
+        return super().on_failure(exc_info, *args, **kwargs)
+
+    def acknowledge(self):
+        held.ended(self.id)
+        return super().acknowledge()
+
+    def reject(self, requeue=False):
+        held.ended(self.id)
+        return super().reject(requeue=requeue)
+
+
+@signals.worker_init.connect
+def _stage_requests(**kwargs) -> None:
+    # Before the consumer builds its task strategies, which read the task's Request class.
+    app.tasks[protocol.RUN_STAGE].Request = StageRequest
+
+
+@signals.task_received.connect
+def _stage_arrived(request=None, **kwargs) -> None:
+    if request is not None and request.name == protocol.RUN_STAGE:
+        held.arrived(request.id, request.args)
 
 
 @signals.worker_ready.connect
@@ -233,6 +273,7 @@ def _register_and_beat(sender=None, **kwargs) -> None:
     # Two control processes may take both at once, so the registration also names the runs whose finished reports
     # were kept, and the control plane leaves those to their report.
     finished = finished_runs_kept(identity.outbox)
+    held.reported(finished)
     left = identity.outbox.flush(_sender())
     if left:
         logger.warning("%d report(s) from before this start still wait in %s", left, identity.outbox.folder)

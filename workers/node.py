@@ -32,7 +32,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.worker.request import Request
 
 from . import broker_fix  # noqa: F401 - a broker restart must not stop the node worker
-from . import protocol, signing
+from . import protocol, signing, stage_memory
 from .engine.envcheck.probe import probe_devices, probe_host
 from .engine.serving.engines import configured_engines, parse_engines
 from .engine.stages import STAGES
@@ -257,6 +257,19 @@ def _stage_arrived(request=None, **kwargs) -> None:
         held.arrived(request.id, request.args)
 
 
+@signals.task_prerun.connect
+def _limit_stage_memory(task=None, **kwargs) -> None:
+    # In the pool process, around the stage only: the node's own work between stages is not the stage's.
+    if task is not None and task.name == protocol.RUN_STAGE:
+        stage_memory.enter()
+
+
+@signals.task_postrun.connect
+def _lift_stage_memory(task=None, **kwargs) -> None:
+    if task is not None and task.name == protocol.RUN_STAGE:
+        stage_memory.leave()
+
+
 @signals.worker_ready.connect
 def _register_and_beat(sender=None, **kwargs) -> None:
     if not identity.queue:
@@ -335,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
                         default=os.environ.get("D0_ENGINES", "").split(),
                         help="a serving engine this node offers and its interpreter, e.g. vllm=/opt/vllm/bin/python "
                              "(repeat for more; default: $D0_ENGINES, space-separated)")
+    parser.add_argument("--stage-memory", default=os.environ.get(stage_memory.VARIABLE, ""), metavar="SIZE",
+                        help="memory each stage's process may take, e.g. 8G, 60%% of the RAM, or off (default: "
+                             f"${stage_memory.VARIABLE}, else {stage_memory.DEFAULT_SHARE:.0%} of the RAM)")
     parser.add_argument("--loglevel", default="info")
     args = parser.parse_args(argv)
     if not args.broker:
@@ -358,6 +374,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--engine: {error}")
     # The serve stage reads the node's engines from here: a job can pick an engine by name, never an interpreter.
     os.environ["D0_ENGINES"] = " ".join(args.engines)
+    try:
+        stage_memory.configure(stage_memory.parse_limit(args.stage_memory))
+    except ValueError as error:
+        parser.error(f"--stage-memory: {error}")
     allow_only(NODE_COMMANDS)
     import_stage_code()
     app.worker_main([

@@ -234,6 +234,9 @@ class StageRequest(Request):
     def on_failure(self, exc_info, *args, **kwargs):
         error = exc_info.exception
         held.ended(self.id, loss_reason(getattr(error, "exc", error)))  # an ExceptionWithTraceback wraps it
+        # The dead process ran no clean-up; the worker goes on, so its work folders go now, not at the next start.
+        for folder in remove_stale():
+            logger.warning("removed the work folder %s of a stage whose process died", folder)
         return super().on_failure(exc_info, *args, **kwargs)
 
     def acknowledge(self):

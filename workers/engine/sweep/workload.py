@@ -140,16 +140,15 @@ class Workload:
         for key, value in given.items():
             limit = LIMITS.get(key, MAX_SECONDS)
             if value is not None and value > limit:
-                raise ParameterError(key, f"must be at most {limit:g}, not {value:g}")
+                raise ParameterError(key, f"must be at most {limit:n}, not {value:n}")
         for key in ("prompt_len", "output_len"):
             spec = getattr(self, key)
             if isinstance(spec, list) and len(spec) > MAX_IN_FLIGHT:
                 raise ParameterError(key, f"takes at most {MAX_IN_FLIGHT} lengths, not {len(spec)}")
         tokens = self.requests * self.max_sequence_tokens()
         if tokens > MAX_TOKENS:
-            raise ParameterError("requests", f"x the longest prompt and output ({self.max_sequence_tokens()} tokens) "
-                                             f"is {tokens} tokens; at most {MAX_TOKENS}: fewer requests or shorter "
-                                             "sequences")
+            raise ParameterError("requests", f"{self.requests} requests of up to {self.max_sequence_tokens()} tokens "
+                                             f"(prompt + output) make {tokens} tokens; at most {MAX_TOKENS}")
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -160,18 +160,11 @@ def test_the_heartbeat_task_applies_a_signed_account_and_records_a_malformed_one
 
 
 @pytest.mark.parametrize("text, limit", [
-    ("", 750), ("8G", 8 << 30), ("512M", 512 << 20), ("1.5GiB", 3 << 29), ("60%", 600), ("off", None), ("0", None),
+    ("", 48 << 30), ("8G", 8 << 30), ("512M", 512 << 20), ("1.5GiB", 3 << 29), ("60%", int(0.6 * (64 << 30))),
+    ("off", None), ("0", None),
 ])
 def test_the_stage_memory_limit_is_a_size_a_share_of_the_ram_or_off(text, limit):
-    total = 1000 if limit in (750, 600) else 64 << 30
-    if limit in (750, 600):  # a share of a pretend machine's RAM (the minimum applies to sizes given outright)
-        stage_memory.MINIMUM, minimum = 0, stage_memory.MINIMUM
-        try:
-            assert stage_memory.parse_limit(text, total) == limit
-        finally:
-            stage_memory.MINIMUM = minimum
-    else:
-        assert stage_memory.parse_limit(text, total) == limit
+    assert stage_memory.parse_limit(text, total=64 << 30) == limit  # default: 75 % of a 64 GiB machine
 
 
 @pytest.mark.parametrize("text", ["8", "lots", "150%", "-1G"])

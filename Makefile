@@ -25,7 +25,8 @@ test: venv
 # then the control plane's unit tests on SQLite (the job state machine, the stage registries, the code's shape,
 # settings). `make test` runs everything.
 UNIT_TESTS := tests/test_architecture.py tests/test_job_flow.py tests/test_job_outcomes.py \
-	tests/test_stage_parameters.py tests/test_stage_registry.py tests/test_trial_row.py tests/test_settings.py
+	tests/test_stage_parameters.py tests/test_stage_registry.py tests/test_trial_row.py tests/test_settings.py \
+	tests/test_lost_stages.py
 test-fast: venv
 	.venv/bin/ruff check --quiet .
 	$(PY) -m pytest -p no:django --confcutdir=tests/engine -m "not slow" tests/engine

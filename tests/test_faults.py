@@ -140,8 +140,9 @@ class Faults:
         self.recorder = recorder
         self.dispatcher = Celery("dispatcher", broker=broker.url, fixups=[])
 
-    def submit(self, cluster, user, stages, parameters=None) -> int:
-        job = jobs.submit_job(team=cluster.team, user=user, cluster=cluster, stages=stages, parameters=parameters)
+    def submit(self, cluster, user, stages, parameters=None, model=None) -> int:
+        job = jobs.submit_job(team=cluster.team, user=user, cluster=cluster, stages=stages, parameters=parameters,
+                              model=model)
         for task in self.recorder.sent:
             self.dispatcher.send_task(task["name"], args=task["args"], queue=task["queue"], task_id=task["task_id"])
         self.recorder.sent.clear()
@@ -446,3 +447,63 @@ def test_a_control_worker_killed_between_a_stage_end_and_the_next_step_loses_nei
     assert [(run.kind, run.status) for run in job.stage_runs.order_by("id")] == [("env_check", "succeeded"),
                                                                                ("env_probe", "succeeded")]
     assert job.log.count("stage env_check succeeded") == 1
+
+
+def stage_process(stack: Faults, hostname: str) -> psutil.Process:
+    """The pool process that runs the node's stages (concurrency 1: the node worker's one child)."""
+    [pool] = psutil.Process(stack.stack.running[f"node-{hostname}"].pid).children()
+    return pool
+
+
+def test_a_stage_process_killed_on_a_live_node_fails_its_job_within_two_heartbeats(faults, cluster, owner):
+    """The kernel's OOM killer (or anyone) SIGKILLs the process running a stage; the node worker lives on. Its next
+    heartbeat says the run was lost and why, and the job fails with that, not hours later at the stage timeout; the
+    node stays online and takes the next job."""
+    stack = faults(D0_NODE_TIMEOUT=60, D0_LIVENESS_INTERVAL=1)
+    interval = 3.0
+    stack.stack.start_control()
+    stack.stack.start_node("alpha/h100-pod", "kill-stage", heartbeat=interval)
+    wait_for(node_online("kill-stage"), 90, "node registration")
+    job_id = stack.submit(cluster, owner, ["env_check"], {"env_check": {"measure_seconds": 2.0}})
+    wait_for(lambda: StageRun.objects.filter(job_id=job_id, status="running").first(), 60, "the stage to start")
+
+    stage_process(stack, "kill-stage").kill()
+    killed = time.monotonic()
+    job = wait_for(job_status(job_id, *TERMINAL), 30, "the job to end after its stage's process was killed")
+    took = time.monotonic() - killed
+    assert job.status == "failed"
+    assert job.error == ("Stage env_check on kill-stage was lost on the node: its process ended (killed by signal 9, "
+                         "SIGKILL — likely out of memory: the kernel's OOM killer sends it).")
+    # The next heartbeat says it (at most one interval); the second leaves the control worker its turn on a busy
+    # test machine.
+    assert took < 2 * interval, f"{took:.1f}s"
+    print(f"failed {took:.1f}s after the kill (heartbeat every {interval:g}s)")
+
+    assert Node.objects.get(hostname="kill-stage").status == "online"
+    next_job = wait_for(job_status(stack.submit(cluster, owner, ["env_probe"]), *TERMINAL), 60, "the next job")
+    assert next_job.status == "succeeded", next_job.error
+
+
+def test_a_sweep_past_the_stage_memory_limit_fails_alone_with_out_of_memory(faults, team, owner, model_spec):
+    """A node started with a 1 GiB stage memory limit: a sweep whose trial sizes a paged cache of gigabytes (64
+    sequences of 16k tokens) fails within a minute with "out of memory", and the node takes the next job."""
+    cluster = team.clusters.create(name="local", expected_devices_per_node=1)
+    stack = faults(D0_NODE_TIMEOUT=60, D0_LIVENESS_INTERVAL=1)
+    stack.stack.start_control()
+    stack.stack.start_node("alpha/local", "small-node", extra=("--stage-memory", "1G"))
+    wait_for(node_online("small-node"), 90, "node registration")
+
+    job_id = stack.submit(cluster, owner, ["env_check", "sweep"], {
+        "env_check": {"measure_seconds": 0.2},
+        "sweep": {"grid": {"batch_size": [64], "max_batch_tokens": [256]},
+                  "workload": {"requests": 64, "prompt_len": 16384, "output_len": 4}}}, model=model_spec)
+    job = wait_for(job_status(job_id, *TERMINAL), 180, "the sweep job to end")
+    assert job.status == "failed", job.log
+    sweep = job.stage_runs.get(kind="sweep")
+    assert sweep.status == "failed"
+    assert "no trial of 1 completed: 1 × out of memory: " in job.error, job.error
+    assert (sweep.finished - sweep.started).total_seconds() < 60
+
+    assert Node.objects.get(hostname="small-node").status == "online"
+    next_job = wait_for(job_status(stack.submit(cluster, owner, ["env_probe"]), *TERMINAL), 60, "the next job")
+    assert next_job.status == "succeeded", next_job.error

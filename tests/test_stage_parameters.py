@@ -29,6 +29,28 @@ from adaptation.models import AdaptationJob
     ("env_check", {"cpu_ranks": 100000}, "env_check.cpu_ranks", "must be at most 16"),
     ("sweep", {"grid": {"batch_size": [1, 2], "bogus": [1]}}, "sweep.grid", "unknown grid keys: bogus"),
     ("sweep", {"config": {"model_type": "llama"}}, "sweep.config", "is set by the control plane only"),
+    # Upper bounds: a workload or a grid a node cannot hold (or that makes it a load generator) is refused here.
+    ("sweep", {"grid": {"batch_size": [1, 1000000000]}}, "sweep.grid.batch_size",
+     "values must be at most 4096, not 1000000000"),
+    ("sweep", {"grid": {"batch_size": list(range(1, 66))}}, "sweep.grid.batch_size", "takes at most 64 values, not 65"),
+    ("sweep", {"workload": {"requests": 1000000000}}, "sweep.workload.requests",
+     "must be at most 100000, not 1000000000"),
+    ("sweep", {"workload": {"prompt_len": {"uniform": [1, 2000000]}}}, "sweep.workload.prompt_len",
+     "must be at most 1048576, not 2000000"),
+    ("sweep", {"workload": {"output_len": [16, 1000000]}}, "sweep.workload.output_len", "must be at most 131072"),
+    ("sweep", {"workload": {"requests": 100000, "prompt_len": 4096}}, "sweep.workload.requests",
+     "100000 requests of up to 4112 tokens (prompt + output) make 411200000 tokens; at most 16777216"),
+    ("sweep", {"workload": {"timeout_s": 1e9}}, "sweep.workload.timeout_s", "must be at most 86400, not 1e+09"),
+    ("serve_sweep", {"grid": {"concurrency": [1, 5000]}}, "serve_sweep.grid.concurrency",
+     "values must be at most 4096, not 5000"),
+    # 64^6 configurations: refused from the lists' lengths, never multiplied out (which would hold the web worker).
+    ("serve_sweep", {"grid": {key: list(range(1, 65)) for key in ("max_num_seqs", "block_size", "seed", "max_model_len",
+                                                                  "max_num_batched_tokens", "kv_cache_space_gib")}},
+     "serve_sweep.grid", "the grid has 68719476736 configurations; at most 64"),
+    ("endpoint_bench", {"workload": {"concurrency": 100000}}, "endpoint_bench.workload.concurrency",
+     "must be at most 4096, not 100000"),
+    ("endpoint_bench", {"workload": {"warmup_requests": 5000}}, "endpoint_bench.workload.warmup_requests",
+     "must be at most 4096, not 5000"),
 ])
 def test_a_bad_parameter_is_refused_at_submit_naming_the_key(member_api, cluster, model_spec, stage, parameters,
                                                               key, says):

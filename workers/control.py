@@ -43,6 +43,11 @@ def node_heartbeat(self, *message) -> None:
     sender = trust.accept(protocol.NODE_HEARTBEAT, message, unknown_key_again=again)
     if sender and trust.newest(sender, protocol.NODE_HEARTBEAT):
         clusters.record_heartbeat(sender.node)
+        try:
+            recovery.runs_the_node_let_go(sender.node, sender.args)
+        except Rejected as rejected:
+            trust.record_rejection(protocol.NODE_HEARTBEAT, rejected.reason, sender.node.cluster,
+                                   f"from {sender.node.hostname}")
 
 
 @shared_task(name=protocol.NODE_LEAVING, **RETRIED_WHILE_THE_DATABASE_IS_AWAY)
@@ -52,7 +57,8 @@ def node_leaving(*message) -> None:
         recovery.node_left(sender.node)
 
 
-def _report(task: str, message, apply, arity: int, *, with_duration: bool = False) -> None:
+def _report(task: str, message, apply, arity: int, *, with_duration: bool = False, with_send_time: bool = False
+            ) -> None:
     sender = trust.accept(task, message)
     if sender is None:
         return
@@ -60,16 +66,18 @@ def _report(task: str, message, apply, arity: int, *, with_duration: bool = Fals
         trust.record_rejection(task, f"takes {arity} arguments, not {len(sender.args)}", sender.node.cluster,
                                f"from {sender.node.hostname}")
         return
-    duration = {"ran_for": sender.ran_for} if with_duration else {}  # the signed seconds a finished stage ran
+    signed = {"ran_for": sender.ran_for} if with_duration else {}  # the signed seconds a finished stage ran
+    if with_send_time:
+        signed["sent_at"] = sender.sent_at  # the node's clock, which its heartbeats are compared with
     try:
-        apply(*sender.args, sender=sender.node, **duration)
+        apply(*sender.args, sender=sender.node, **signed)
     except Rejected as rejected:  # a report about a stage run that is not the sender's
         trust.record_rejection(task, rejected.reason, rejected.cluster, rejected.detail)
 
 
 @shared_task(name=protocol.STAGE_STARTED, **RETRIED_WHILE_THE_DATABASE_IS_AWAY)
 def stage_started(*message) -> None:
-    _report(protocol.STAGE_STARTED, message, reports.record_stage_started, 1)
+    _report(protocol.STAGE_STARTED, message, reports.record_stage_started, 1, with_send_time=True)
 
 
 @shared_task(name=protocol.STAGE_PROGRESS)

@@ -29,9 +29,10 @@ from pathlib import Path
 
 from celery import Celery, signals
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.worker.request import Request
 
 from . import broker_fix  # noqa: F401 - a broker restart must not stop the node worker
-from . import protocol, signing
+from . import protocol, signing, stage_memory
 from .engine.envcheck.probe import probe_devices, probe_host
 from .engine.serving import endpoint_guard
 from .engine.serving.engines import configured_engines, parse_engines
@@ -41,6 +42,7 @@ from .delivered import Delivered
 from .engine.workdirs import remove_stale
 from .outbox import Outbox
 from .remote_control import NODE_COMMANDS, allow_only
+from .stage_runs import StageRuns, loss_reason
 
 logger = logging.getLogger("d0.node")
 
@@ -70,6 +72,7 @@ class Identity:
 
 identity = Identity()
 _stop_heartbeat = threading.Event()
+held = StageRuns()  # the stage runs this worker holds, named by its heartbeats (kept in the main process)
 
 
 def key_path(state_dir: Path, cluster_ref: str, hostname: str) -> Path:
@@ -210,12 +213,65 @@ def _heartbeat_loop() -> None:
         beat = _sender(connection, protocol.heartbeat_queue(), expires=identity.heartbeat_interval * 2)
         while not _stop_heartbeat.wait(identity.heartbeat_interval):
             try:
-                beat(protocol.NODE_HEARTBEAT, identity.key.message(protocol.NODE_HEARTBEAT, []))
+                beat(protocol.NODE_HEARTBEAT, identity.key.message(protocol.NODE_HEARTBEAT, heartbeat_args()))
             except Exception as error:  # noqa: BLE001 - a broker blip must not kill the heartbeat thread
                 logger.warning("heartbeat failed (%s); trying again in %ss", error, identity.heartbeat_interval)
                 continue
             # The broker answers: send what it refused before. Not waiting for a stage's report being sent now.
             identity.outbox.flush(_sender(connection), wait=False)
+
+
+def heartbeat_args() -> list:
+    """A heartbeat's one argument: the stage runs this worker holds, those that ended here lately, and those whose
+    process died without a report, with why (``workers/stage_runs.py``)."""
+    return [held.beat(identity.heartbeat_interval, finished_runs_kept(identity.outbox))]
+
+
+class StageRequest(Request):
+    """A stage message's request in the worker's main process, which sees its end: acknowledged (it ran, or was
+    revoked before it ran), rejected, or failed by the pool (the stage's process died: killed by the kernel's OOM
+    killer or anyone else, terminated by a revoke, past the hard time limit) — then ``held`` keeps why."""
+
+    def on_failure(self, exc_info, *args, **kwargs):
+        error = exc_info.exception
+        held.ended(self.id, loss_reason(getattr(error, "exc", error)))  # an ExceptionWithTraceback wraps it
+        # The dead process ran no clean-up; the worker goes on, so its work folders go now, not at the next start.
+        for folder in remove_stale():
+            logger.warning("removed the work folder %s of a stage whose process died", folder)
+        return super().on_failure(exc_info, *args, **kwargs)
+
+    def acknowledge(self):
+        held.ended(self.id)
+        return super().acknowledge()
+
+    def reject(self, requeue=False):
+        held.ended(self.id)
+        return super().reject(requeue=requeue)
+
+
+@signals.worker_init.connect
+def _stage_requests(**kwargs) -> None:
+    # Before the consumer builds its task strategies, which read the task's Request class.
+    app.tasks[protocol.RUN_STAGE].Request = StageRequest
+
+
+@signals.task_received.connect
+def _stage_arrived(request=None, **kwargs) -> None:
+    if request is not None and request.name == protocol.RUN_STAGE:
+        held.arrived(request.id, request.args)
+
+
+@signals.task_prerun.connect
+def _limit_stage_memory(task=None, **kwargs) -> None:
+    # In the pool process, around the stage only: the node's own work between stages is not the stage's.
+    if task is not None and task.name == protocol.RUN_STAGE:
+        stage_memory.enter()
+
+
+@signals.task_postrun.connect
+def _lift_stage_memory(task=None, **kwargs) -> None:
+    if task is not None and task.name == protocol.RUN_STAGE:
+        stage_memory.leave()
 
 
 @signals.worker_ready.connect
@@ -234,6 +290,7 @@ def _register_and_beat(sender=None, **kwargs) -> None:
     # Two control processes may take both at once, so the registration also names the runs whose finished reports
     # were kept, and the control plane leaves those to their report.
     finished = finished_runs_kept(identity.outbox)
+    held.reported(finished)
     left = identity.outbox.flush(_sender())
     if left:
         logger.warning("%d report(s) from before this start still wait in %s", left, identity.outbox.folder)
@@ -299,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="hosts or CIDRs an endpoint benchmark may reach although they are loopback, link-local "
                              "or a metadata address, comma-separated (default: $D0_NODE_ENDPOINT_ALLOW; the broker "
                              "is refused whatever is listed)")
+    parser.add_argument("--stage-memory", default=os.environ.get(stage_memory.VARIABLE, ""), metavar="SIZE",
+                        help="memory each stage's process may take, e.g. 8G, 60%% of the RAM, or off (default: "
+                             f"${stage_memory.VARIABLE}, else {stage_memory.DEFAULT_SHARE:.0%} of the RAM)")
     parser.add_argument("--loglevel", default="info")
     args = parser.parse_args(argv)
     if not args.broker:
@@ -326,6 +386,10 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(endpoint_guard.node_environment(args.endpoint_allow, args.broker))
     except ValueError as error:
         parser.error(f"--endpoint-allow: {error}")
+    try:
+        stage_memory.configure(stage_memory.parse_limit(args.stage_memory))
+    except ValueError as error:
+        parser.error(f"--stage-memory: {error}")
     allow_only(NODE_COMMANDS)
     import_stage_code()
     app.worker_main([

@@ -1,13 +1,16 @@
-"""No job left behind: stage runs on nodes that went silent, shut down or restarted fail with the reason; runs past
-the stage timeout fail as lost; jobs a lost or half-processed message left behind are settled. And the control
-plane's own liveness: since when it has listened for heartbeats without a gap (only silence it was there to hear
-counts against a node), and which control workers are alive.
+"""No job left behind: stage runs on nodes that went silent, shut down or restarted fail with the reason, and so do
+runs a live node's heartbeat says it lost or no longer names; runs past the stage timeout fail as lost; jobs a lost
+or half-processed message left behind are settled. And the control plane's own liveness: since when it has
+listened for heartbeats without a gap (only silence it was there to hear counts against a node), and which control
+workers are alive.
 
 The beat runs ``check_liveness`` every ``D0_LIVENESS_INTERVAL`` seconds on one control worker."""
 
 from __future__ import annotations
 
 import logging
+import math
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
 
@@ -16,7 +19,10 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
+from workers import protocol
+
 from ..choices import ACTIVE_STATUSES, JobStatus, NodeStatus
+from ..errors import Rejected
 from ..models import AdaptationJob, ControlWorker, Node, StageRun
 from ..models.jobs import log_lines
 from . import statements
@@ -127,6 +133,66 @@ def node_registered(node: Node, registered_ts: float, finished_runs: list[int] =
     for run in running.exclude(pk__in=list(finished_runs)):
         failed += fail_stage_run(run, f"Node {node.hostname} restarted while stage {run.kind} was running: the "
                                       "worker process that ran it ended, so no result will come.")
+    return failed
+
+
+# --- stages a live node no longer runs -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HeldRuns:
+    """A heartbeat's account of the stage runs its node worker holds (``workers/stage_runs.py``): taken at
+    ``as_of`` (the node's clock), every ``interval`` seconds; ``named``: running there or ended lately (a finished
+    report may still be on its way); ``lost``: ended without a report, with why."""
+
+    as_of: float
+    interval: float
+    named: frozenset[int]
+    lost: dict[int, str]
+
+
+def held_runs(args) -> HeldRuns | None:
+    """The account in a heartbeat's arguments; None from a node worker that sends none (an older one: its runs are
+    left to the node timeout and the stage timeout). ``Rejected`` when it is malformed."""
+    if not args:
+        return None
+    beat = args[0] if len(args) == 1 else None
+    if not isinstance(beat, dict):
+        raise Rejected("heartbeat's stage runs are malformed")
+    as_of, interval = beat.get("as_of"), beat.get("interval")
+    running, ended, lost = beat.get("running"), beat.get("ended"), beat.get("lost")
+    limit = 2 * protocol.MAX_FINISHED_RUNS
+    if (type(as_of) not in (int, float) or type(interval) not in (int, float) or not 0 < interval < 86400
+            or not math.isfinite(as_of)
+            or not all(isinstance(runs, list) and len(runs) <= limit for runs in (running, ended, lost))
+            or not all(type(run) is int for run in (*running, *ended))
+            or not all(isinstance(entry, list) and len(entry) == 2 and type(entry[0]) is int
+                       and isinstance(entry[1], str) for entry in lost)):
+        raise Rejected("heartbeat's stage runs are malformed")
+    return HeldRuns(float(as_of), float(interval), frozenset((*running, *ended)),
+                    {run: why[:200] for run, why in lost})
+
+
+def runs_the_node_let_go(node: Node, args) -> int:
+    """A heartbeat names the stage runs its node holds: a run the control plane has as running there fails now when
+    the node says its process died (killed by the OOM killer, a revoke, the hard time limit: it sends no result), or
+    when the node no longer names it at all, though it took this account at least one heartbeat interval after it
+    sent the run's "started" report (so the run had reached it: a run dispatched and not started yet, or started
+    just after the account was taken, is left alone; both times are the node's clock). Returns how many failed."""
+    account = held_runs(args)
+    if account is None:
+        return 0
+    failed = 0
+    for run in StageRun.objects.filter(node=node, status=JobStatus.RUNNING).only("id", "job_id", "kind",
+                                                                                   "started_on_node"):
+        if run.pk in account.lost:
+            why = account.lost[run.pk]
+        elif (run.pk not in account.named and run.started_on_node is not None
+              and account.as_of >= run.started_on_node + account.interval):
+            why = "its node worker no longer runs it and no result came"
+        else:
+            continue
+        failed += fail_stage_run(run, f"Stage {run.kind} on {node.hostname} was lost on the node: {why}.")
     return failed
 
 

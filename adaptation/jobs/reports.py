@@ -39,11 +39,13 @@ def _assigned_run(stage_run_id, sender: Node) -> StageRun:
     return run
 
 
-def record_stage_started(stage_run_id: int, *, sender: Node) -> None:
+def record_stage_started(stage_run_id: int, *, sender: Node, sent_at: float | None = None) -> None:
     """Two UPDATEs on the way every report takes: the run (only if it is the sender's and still queued), then its
     job's log line, the stage's kind read by the same statement. The run is read only when the first one changed
-    nothing, to tell a report about someone else's work (rejected) from one that came late (ignored)."""
-    started = isinstance(stage_run_id, int) and StageRun.objects.filter(pk=stage_run_id, node_id=sender.pk).start()
+    nothing, to tell a report about someone else's work (rejected) from one that came late (ignored). ``sent_at``:
+    the node's signed send time, which its later heartbeats are compared with (``recovery.runs_the_node_let_go``)."""
+    started = isinstance(stage_run_id, int) and StageRun.objects.filter(pk=stage_run_id, node_id=sender.pk).start(
+        started_on_node=sent_at)
     if not started:
         _assigned_run(stage_run_id, sender)
         return

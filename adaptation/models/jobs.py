@@ -233,6 +233,9 @@ class StageRun(StatusTransitions):
     node_name = models.CharField(max_length=255, blank=True, help_text="Kept when the node row is deleted.")
     message = models.CharField(max_length=255, blank=True, help_text="The latest progress message.")
     result = models.JSONField(null=True, blank=True)
+    # The node's clock when it sent the "started" report: a heartbeat the node took after it must name the run
+    # (adaptation/jobs/recovery.py, runs_the_node_let_go).
+    started_on_node = models.FloatField(null=True, blank=True, editable=False)
 
     objects = StageRunQuerySet.as_manager()
 

@@ -128,6 +128,8 @@ class Parameter:
         if self.check is not None:
             try:
                 self.check(value)
+            except ParameterError as error:  # a check that names the key inside the value (workload.requests)
+                raise ParameterError(f"{key}.{error.key}", error.message) from None
             except (ValueError, TypeError, KeyError) as error:
                 raise ParameterError(key, str(error).strip("'\"")) from None
         return value

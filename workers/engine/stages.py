@@ -109,7 +109,16 @@ def run_stage(kind: str, params: dict, progress: Progress, *, data_roots: tuple[
     """Run a stage as the node does: its parameters checked again (what the control plane set included; paths
     under ``data_roots``, the roots this node's operator configured), then the stage."""
     spec = _spec(kind)
-    return spec.run(validate(kind, spec.parameters, params or {}, control=True, data_roots=data_roots), progress)
+    params = validate(kind, spec.parameters, params or {}, control=True, data_roots=data_roots)
+    try:
+        return spec.run(params, progress)
+    except MemoryError as error:  # Python's says nothing ("MemoryError: "); the job's error must say what happened
+        raise OutOfMemory(f"out of memory: stage {kind} could not allocate what it asked for (the node's stage "
+                          f"memory limit or the machine's RAM){': ' + str(error) if str(error) else ''}") from error
+
+
+class OutOfMemory(MemoryError):
+    """A stage ran out of host memory (its node's stage memory limit, workers/stage_memory.py, or the RAM)."""
 
 
 for _capability in CAPABILITIES:

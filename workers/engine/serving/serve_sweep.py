@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import workdirs
+from ..parameters import ParameterError
 from ..sweep.metrics import DEFINITIONS, summarize
 from ..sweep.result import Metrics, ServingBest, ServingTrial, TrialWorkload
-from ..sweep.search import SEARCHES, Space
-from ..sweep.workload import Workload
+from ..sweep.search import MAX_GRID_VALUES, SEARCHES, Space
+from ..sweep.workload import MAX_IN_FLIGHT, Workload
 from .checkpoint import vocab_size, write_validation_checkpoint
 from .client import Endpoint, run_requests
 from .correctness import check_correctness
@@ -51,13 +53,18 @@ def check_grid(grid: dict) -> None:
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise ValueError(f"grid {key} must be a non-empty list")
+        if len(values) > MAX_GRID_VALUES:
+            raise ParameterError(key, f"takes at most {MAX_GRID_VALUES} values, not {len(values)}")
         if key in CLIENT_KEYS:
             if not all(isinstance(value, int) and not isinstance(value, bool) and value >= 1 for value in values):
                 raise ValueError("grid concurrency takes positive ints")
+            if max(values) > MAX_IN_FLIGHT:
+                raise ParameterError(key, f"values must be at most {MAX_IN_FLIGHT}, not {max(values)}")
             continue
         for value in values:
             check_settings({key: value})
-    count = len(list(itertools.product(*grid.values()))) if grid else 1
+    # The product of the lengths, not of the lists: a grid of many long lists is refused without being multiplied out.
+    count = math.prod(len(values) for values in grid.values())
     if count > MAX_CONFIGURATIONS:
         raise ValueError(f"the grid has {count} configurations; at most {MAX_CONFIGURATIONS}")
 

@@ -8,7 +8,7 @@ from ..parameters import Parameter, validate
 from ..stage_spec import StageSpec
 from ..sweep.search import SEARCH_HELP, SEARCHES
 from ..sweep.stage import check_hardware
-from ..sweep.workload import Workload
+from ..sweep.workload import MAX_IN_FLIGHT, WORKLOAD_BOUNDS, Workload
 from .endpoint_bench import MAX_CONCURRENCIES, check_base_url, run_endpoint_bench
 from .endpoint_guard import EndpointPolicy
 from .engines import KNOWN
@@ -35,7 +35,8 @@ PARAMETERS = (
     Parameter("search", "choice", SEARCH_HELP + " (each configuration its own engine start)", default="grid",
               choices=tuple(SEARCHES)),
     Parameter("workload", "object", "requests, prompt_len, output_len, arrival (closed or poisson), rate, "
-              "concurrency, warmup_requests, slo, timeout_s (per trial)", default={}, check=Workload.from_dict),
+              "concurrency, warmup_requests, slo, timeout_s (per trial; " + WORKLOAD_BOUNDS + ")", default={},
+              check=Workload.from_dict),
     Parameter("hardware", "object", "memory_bandwidth_bytes_per_s and flops_per_s by precision for the recipe's "
               "roofline prediction (default: the node's latest env check)", nullable=True, check=check_hardware),
     Parameter("startup_timeout_s", "float", "seconds an engine may take to become healthy", default=900.0,
@@ -57,9 +58,10 @@ ENDPOINT_PARAMETERS = (
               nullable=True),
     Parameter("concurrency", "list", "requests in flight, one trial per value", default=[1, 4],
               max_items=MAX_CONCURRENCIES, item=Parameter("concurrency", "int", "requests in flight", minimum=1,
-                                                           maximum=4096)),
+                                                           maximum=MAX_IN_FLIGHT)),
     Parameter("workload", "object", "requests, prompt_len, output_len, arrival (closed or poisson), rate, "
-              "warmup_requests, slo, timeout_s (per trial)", default={}, check=Workload.from_dict),
+              "warmup_requests, slo, timeout_s (per trial; " + WORKLOAD_BOUNDS + ")", default={},
+              check=Workload.from_dict),
     Parameter("ignore_eos", "bool", "ask for every output token (vLLM and SGLang take ignore_eos; turn it off for "
               "servers that refuse unknown fields: then output lengths are the server's)", default=True),
 )

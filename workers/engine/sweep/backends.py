@@ -26,8 +26,9 @@ from .search import TrialParams
 from .workload import Request, Workload
 
 # torch's messages for an allocation failure: CUDA/HIP/XPU/MPS say "out of memory", the CPU allocator "not enough
-# memory". Errors raised on transformers' generation thread reach us as these strings only.
-OUT_OF_MEMORY_MARKERS = ("out of memory", "not enough memory")
+# memory", or "can't allocate memory" when the OS refuses (ENOMEM: the node's stage memory limit). Errors raised on
+# transformers' generation thread reach us as these strings only.
+OUT_OF_MEMORY_MARKERS = ("out of memory", "not enough memory", "can't allocate memory", "cannot allocate memory")
 # How often the request loop wakes when nothing is due, to sample memory and check the deadline.
 POLL_SECONDS = 0.05
 
@@ -53,7 +54,7 @@ class TrialResult:
 
 
 def is_out_of_memory(error: BaseException | str) -> bool:
-    if isinstance(error, torch.OutOfMemoryError):
+    if isinstance(error, torch.OutOfMemoryError | MemoryError):  # MemoryError: Python's, under a memory limit
         return True
     return any(marker in str(error).lower() for marker in OUT_OF_MEMORY_MARKERS)
 

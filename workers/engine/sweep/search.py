@@ -34,11 +34,17 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..parameters import ParameterError
 from .result import SweepTrial
 from .workload import Workload
 
 GRID_KEYS = ("precision", "batch_size", "page_size", "max_batch_tokens")
 GRID_DEFAULTS = {"precision": ["fp32"], "batch_size": [1, 2, 4], "page_size": [16], "max_batch_tokens": [256]}
+# Upper bounds of the grid's numbers: requests batched per step (transformers' max_requests_per_batch, vLLM's
+# max_num_seqs, whose defaults are 256-1024), tokens per KV page (engines use 16-256) and per forward step. A batch
+# of 1e9 would size a paged cache of 1e9 sequences; at most MAX_GRID_VALUES values a key.
+GRID_MAXIMA = {"batch_size": 4096, "page_size": 1024, "max_batch_tokens": 1 << 20}
+MAX_GRID_VALUES = 64
 OBJECTIVE = "output_tokens_per_s"
 ETA = 3
 # A short run's throughput within this share of the last configuration promoted goes on too (a busy node's runs of
@@ -88,8 +94,9 @@ class Space:
     confirm_finalists: bool = True
 
 
-def configurations(grid: dict | None) -> list[TrialParams]:
-    """Every combination of the grid's values, precision outermost (so a backend rebuilds its model least often)."""
+def grid_values(grid: dict | None) -> dict[str, list]:
+    """The grid's lists, defaults filled in, each checked: known keys, at most ``MAX_GRID_VALUES`` values within
+    ``GRID_MAXIMA``. Nothing is multiplied out: a grid's size is the product of its lists' lengths."""
     grid = dict(grid or {})
     unknown = set(grid) - set(GRID_KEYS)
     if unknown:
@@ -98,11 +105,22 @@ def configurations(grid: dict | None) -> list[TrialParams]:
     for key, options in values.items():
         if not isinstance(options, list) or not options:
             raise ValueError(f"grid {key} must be a non-empty list, not {options!r}")
+        if len(options) > MAX_GRID_VALUES:
+            raise ParameterError(key, f"takes at most {MAX_GRID_VALUES} values, not {len(options)}")
         if key == "precision":
             if not all(isinstance(option, str) for option in options):
                 raise ValueError(f"grid precision takes names such as fp32 or bf16, not {options!r}")
-        elif not all(isinstance(option, int) and not isinstance(option, bool) and option >= 1 for option in options):
+            continue
+        if not all(isinstance(option, int) and not isinstance(option, bool) and option >= 1 for option in options):
             raise ValueError(f"grid {key} takes positive ints, not {options!r}")
+        if max(options) > GRID_MAXIMA[key]:
+            raise ParameterError(key, f"values must be at most {GRID_MAXIMA[key]}, not {max(options)}")
+    return values
+
+
+def configurations(grid: dict | None) -> list[TrialParams]:
+    """Every combination of the grid's values, precision outermost (so a backend rebuilds its model least often)."""
+    values = grid_values(grid)
     return [TrialParams(*combination) for combination in itertools.product(*(values[key] for key in GRID_KEYS))]
 
 

@@ -4,12 +4,14 @@ trial served the whole workload."""
 
 from __future__ import annotations
 
+import math
+
 from ..parameters import Parameter, device_string, validate
 from ..stage_spec import StageSpec
 from .confirm import CONFIRM_TOP
 from .runner import REPEATS, run_sweep
-from .search import SEARCH_HELP, SEARCHES, configurations
-from .workload import Workload
+from .search import GRID_MAXIMA, MAX_GRID_VALUES, SEARCH_HELP, SEARCHES, grid_values
+from .workload import WORKLOAD_BOUNDS, Workload
 
 MAX_CONFIGURATIONS = 4096
 MIN_REPEATS = 3
@@ -21,7 +23,7 @@ REAL_ENGINES = ("vllm", "sglang")
 
 
 def _grid(grid: dict) -> None:
-    count = len(configurations(grid))
+    count = math.prod(len(values) for values in grid_values(grid).values())
     if count > MAX_CONFIGURATIONS:
         raise ValueError(f"the grid has {count} configurations; at most {MAX_CONFIGURATIONS}")
 
@@ -50,10 +52,12 @@ def _backend(name: str) -> None:
 PARAMETERS = (
     Parameter("config", "object", "the model's config.json (the job's model)", set_by="control"),
     Parameter("grid", "object", "lists of values to try: precision (fp32, bf16, fp16, int8), batch_size, page_size, "
-              "max_batch_tokens", default={}, check=_grid),
+              f"max_batch_tokens (at most {MAX_GRID_VALUES} values each; "
+              + ", ".join(f"{key} at most {limit}" for key, limit in GRID_MAXIMA.items()) + ")",
+              default={}, check=_grid),
     Parameter("workload", "object", "requests, prompt_len, output_len (fixed, {\"uniform\": [lo, hi]} or a list), "
-              "arrival (closed or poisson), rate, concurrency, warmup_requests, slo", default={},
-              check=Workload.from_dict),
+              "arrival (closed or poisson), rate, concurrency, warmup_requests, slo (" + WORKLOAD_BOUNDS + ")",
+              default={}, check=Workload.from_dict),
     Parameter("search", "choice", SEARCH_HELP, default="grid", choices=tuple(SEARCHES)),
     Parameter("repeats", "int", "times each configuration serves its workload; the trial is the median run by "
               "output tokens/s, with every run's figure and the spread beside it", default=REPEATS,
@@ -90,6 +94,9 @@ def sweep_stage(params: dict, progress) -> dict:
     return result
 
 
+OUTCOMES = {"oom": "out of memory"}  # a trial's status as the job's error says it
+
+
 class SweepFailed(RuntimeError):
     """No trial of the sweep served its whole workload; the message counts what the trials ran into."""
 
@@ -97,7 +104,8 @@ class SweepFailed(RuntimeError):
         outcomes: dict[str, int] = {}
         for trial in trials:
             reason = (trial.get("reason") or "").strip().splitlines()
-            outcome = f"{trial.get('status', '?')}: {reason[0][:200]}" if reason else str(trial.get("status", "?"))
+            status = OUTCOMES.get(trial.get("status"), trial.get("status", "?"))
+            outcome = f"{status}: {reason[0][:200]}" if reason else str(status)
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
         super().__init__(f"no trial of {len(trials)} completed: " + "; ".join(
             f"{count} × {outcome}" for outcome, count in sorted(outcomes.items(), key=lambda item: -item[1])))

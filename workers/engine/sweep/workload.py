@@ -14,6 +14,27 @@ import math
 import random
 from dataclasses import asdict, dataclass, field, replace
 
+from ..parameters import ParameterError
+
+# Upper bounds, so a job cannot make a node run out of memory or flood an endpoint; a job past one is refused at
+# submit (a 400 naming the key). Each is far above what a benchmark of a serving configuration needs.
+MAX_REQUESTS = 100_000
+MAX_PROMPT_LEN = 1 << 20  # 1,048,576 tokens: the longest context windows open models offer (Qwen2.5-1M)
+MAX_OUTPUT_LEN = 1 << 17  # 131,072 tokens: the longest generation budgets engines take (reasoning models)
+MAX_IN_FLIGHT = 4096  # concurrency and warm-up requests (the warm-up is sent all at once)
+# requests x longest sequence: prompts are made up front, as Python lists of token ids (about 36 bytes a token), so
+# this keeps a workload's own requests under ~600 MB; 1000 requests of 1k + 1k tokens take 2M.
+MAX_TOKENS = 1 << 24
+MAX_RATE = 100_000.0  # requests/s of a Poisson arrival
+MAX_SECONDS = 86_400.0  # a trial's timeout and an SLO
+LIMITS = {"requests": MAX_REQUESTS, "prompt_len": MAX_PROMPT_LEN, "output_len": MAX_OUTPUT_LEN,
+          "concurrency": MAX_IN_FLIGHT, "warmup_requests": MAX_IN_FLIGHT, "rate": MAX_RATE,
+          "timeout_s": MAX_SECONDS, "tokens": MAX_TOKENS}
+# For the parameters' help (the job form and the API schema show it).
+WORKLOAD_BOUNDS = (f"requests at most {MAX_REQUESTS}, prompt_len {MAX_PROMPT_LEN}, output_len {MAX_OUTPUT_LEN}, "
+                   f"concurrency and warmup_requests {MAX_IN_FLIGHT}, requests x (prompt_len + output_len) "
+                   f"{MAX_TOKENS} tokens")
+
 ARRIVALS = ("closed", "poisson")
 SLO_KEYS = ("ttft_s", "tpot_s", "e2e_latency_s")
 # Warm-up prompts come from another stream than the measured ones, so the paged cache's prefix sharing cannot serve
@@ -106,6 +127,28 @@ class Workload:
         unknown_slo = set(self.slo) - set(SLO_KEYS)
         if unknown_slo or not all(isinstance(v, int | float) and v > 0 for v in self.slo.values()):
             raise ValueError(f"slo takes positive seconds for {', '.join(SLO_KEYS)}, not {self.slo!r}")
+        if not isinstance(self.timeout_s, int | float) or isinstance(self.timeout_s, bool) or self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive seconds, not {self.timeout_s!r}")
+        self._check_bounds()
+
+    def _check_bounds(self) -> None:
+        """The upper bounds (``LIMITS``), each refused naming its key."""
+        given = {"requests": self.requests, "prompt_len": largest_length(self.prompt_len),
+                 "output_len": largest_length(self.output_len), "concurrency": self.concurrency,
+                 "warmup_requests": self.warmup_requests, "rate": self.rate, "timeout_s": self.timeout_s,
+                 **{f"slo.{key}": value for key, value in self.slo.items()}}
+        for key, value in given.items():
+            limit = LIMITS.get(key, MAX_SECONDS)
+            if value is not None and value > limit:
+                raise ParameterError(key, f"must be at most {limit:n}, not {value:n}")
+        for key in ("prompt_len", "output_len"):
+            spec = getattr(self, key)
+            if isinstance(spec, list) and len(spec) > MAX_IN_FLIGHT:
+                raise ParameterError(key, f"takes at most {MAX_IN_FLIGHT} lengths, not {len(spec)}")
+        tokens = self.requests * self.max_sequence_tokens()
+        if tokens > MAX_TOKENS:
+            raise ParameterError("requests", f"{self.requests} requests of up to {self.max_sequence_tokens()} tokens "
+                                             f"(prompt + output) make {tokens} tokens; at most {MAX_TOKENS}")
 
     def as_dict(self) -> dict:
         return asdict(self)

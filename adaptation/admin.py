@@ -4,6 +4,19 @@ from .models import (AdaptationJob, Cluster, ControlWorker, Device, EnvReport, J
                      ModelSpec, Node, RejectedNodeMessage, ServingEndpoint, StageRun, Team)
 
 
+class OwnerFixedOnChange(admin.ModelAdmin):
+    """The fields that say whose a row is (its team, or the row that gives it one) are set when it is made and read
+    only after: moving a row between teams is not an operation here either, as in the API and the forms."""
+
+    fixed_on_change: tuple[str, ...] = ("team",)
+
+    def get_readonly_fields(self, request, obj=None):
+        fields = list(super().get_readonly_fields(request, obj))
+        if obj is None:
+            return fields
+        return fields + [name for name in self.fixed_on_change if name not in fields]
+
+
 class MembershipInline(admin.TabularInline):
     model = Membership
     extra = 1
@@ -36,7 +49,7 @@ class NodeInline(admin.TabularInline):
 
 
 @admin.register(Cluster)
-class ClusterAdmin(admin.ModelAdmin):
+class ClusterAdmin(OwnerFixedOnChange):
     list_display = ["name", "team", "interconnect", "expected_devices_per_node", "created"]
     list_filter = ["team", "interconnect"]
     search_fields = ["name", "description"]
@@ -72,7 +85,8 @@ def drain_nodes(modeladmin, request, queryset):
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
+class NodeAdmin(OwnerFixedOnChange):
+    fixed_on_change = ("cluster",)
     list_display = ["hostname", "cluster", "status", "last_heartbeat", "queue_name"]
     list_filter = ["status", "cluster__team", "cluster"]
     search_fields = ["hostname", "queue_name"]
@@ -84,7 +98,8 @@ class NodeAdmin(admin.ModelAdmin):
 
 
 @admin.register(Device)
-class DeviceAdmin(admin.ModelAdmin):
+class DeviceAdmin(OwnerFixedOnChange):
+    fixed_on_change = ("node",)
     list_display = ["__str__", "kind", "memory_bytes"]
     list_filter = ["kind"]
     search_fields = ["name", "node__hostname"]
@@ -92,7 +107,8 @@ class DeviceAdmin(admin.ModelAdmin):
 
 
 @admin.register(Link)
-class LinkAdmin(admin.ModelAdmin):
+class LinkAdmin(OwnerFixedOnChange):
+    fixed_on_change = ("cluster",)
     list_display = ["id", "cluster", "kind", "measured_bandwidth_gbps", "p2p_ok", "updated"]
     list_filter = ["kind", "p2p_ok"]
     list_select_related = ["cluster"]
@@ -100,7 +116,7 @@ class LinkAdmin(admin.ModelAdmin):
 
 
 @admin.register(ModelSpec)
-class ModelSpecAdmin(admin.ModelAdmin):
+class ModelSpecAdmin(OwnerFixedOnChange):
     list_display = ["name", "team", "architecture", "created_by", "created"]
     list_filter = ["team", "architecture"]
     search_fields = ["name", "architecture"]
@@ -117,7 +133,8 @@ class StageRunInline(admin.TabularInline):
 
 
 @admin.register(AdaptationJob)
-class AdaptationJobAdmin(admin.ModelAdmin):
+class AdaptationJobAdmin(OwnerFixedOnChange):
+    fixed_on_change = ("team", "cluster", "model")
     list_display = ["id", "team", "cluster", "model", "status", "progress", "created", "finished"]
     list_filter = ["status", "team"]
     list_select_related = ["team", "cluster", "model"]
@@ -128,7 +145,8 @@ class AdaptationJobAdmin(admin.ModelAdmin):
 
 
 @admin.register(StageRun)
-class StageRunAdmin(admin.ModelAdmin):
+class StageRunAdmin(OwnerFixedOnChange):
+    fixed_on_change = ("job", "node")
     list_display = ["id", "job", "kind", "node_name", "status", "progress", "started", "finished"]
     list_filter = ["status", "kind"]
     readonly_fields = ["status", "progress", "started", "finished", "error", "error_traceback", "result",
@@ -155,8 +173,11 @@ class JoinTokenAdmin(admin.ModelAdmin):
     list_display = ["token_id", "cluster", "description", "expires", "revoked", "uses", "created_by"]
     list_filter = ["cluster__team", "cluster"]
     list_select_related = ["cluster", "created_by"]
-    # Tokens are made on the cluster page or through the API, where the whole token is shown once.
-    readonly_fields = ["cluster", "token_id", "secret_sha256", "created_by", "created", "uses", "last_used"]
+    # Tokens are made on the cluster page or through the API, where the whole token is shown once. The stored
+    # verifier of its secret is never shown: it is named nowhere here, so no list, form or read-only field has it.
+    fields = ["cluster", "token_id", "description", "created_by", "created", "expires", "revoked", "uses",
+              "last_used"]
+    readonly_fields = ["cluster", "token_id", "created_by", "created", "uses", "last_used"]
 
     def has_add_permission(self, request):
         return False
@@ -184,8 +205,9 @@ class ControlWorkerAdmin(RecordedByTheControlPlane):
 
 
 @admin.register(ServingEndpoint)
-class ServingEndpointAdmin(admin.ModelAdmin):
-    """The API key is neither shown nor editable here: it is entered on the endpoints page or through the API."""
+class ServingEndpointAdmin(OwnerFixedOnChange):
+    """The API key is neither shown nor editable here: it is entered on the endpoints page or through the API. A
+    changed base_url drops the stored key (the model's save)."""
 
     list_display = ["name", "team", "base_url", "served_model", "has_api_key", "created"]
     list_filter = ["team"]

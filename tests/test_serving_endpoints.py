@@ -48,8 +48,8 @@ def test_the_api_takes_the_key_and_never_returns_it(member_api, outsider_api, te
         assert response.status_code == 200 and SECRET not in response.content.decode()
     assert ServingEndpoint.objects.get(pk=pk).api_key() == SECRET
     assert outsider_api.get(f"/api/serving-endpoints/{pk}/").status_code == 404
-    # Changing the URL keeps the key; giving a new key replaces it
-    patched = member_api.patch(f"/api/serving-endpoints/{pk}/", {"base_url": "http://10.0.0.8:8000"}, format="json")
+    # Another field keeps the key; a new URL alone drops it (tests/test_team_moves.py); a new key replaces it
+    patched = member_api.patch(f"/api/serving-endpoints/{pk}/", {"served_model": "m2"}, format="json")
     assert patched.status_code == 200 and ServingEndpoint.objects.get(pk=pk).api_key() == SECRET
     member_api.patch(f"/api/serving-endpoints/{pk}/", {"api_key": "sk-new"}, format="json")
     assert ServingEndpoint.objects.get(pk=pk).api_key() == "sk-new"

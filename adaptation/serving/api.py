@@ -49,19 +49,21 @@ class ServingEndpointSerializer(ValidatedModelSerializer):
             attrs["api_key"] = key
         return attrs
 
-    def _save_with_key(self, instance, key):
-        if key is not None:
-            instance.set_api_key(key)
-            instance.save(update_fields=["api_key_encrypted"])
-        return instance
-
     def create(self, validated_data):
         key = validated_data.pop("api_key", None)
-        return self._save_with_key(super().create(validated_data), key)
+        endpoint = super().create(validated_data)
+        if key is not None:
+            endpoint.set_api_key(key)
+            endpoint.save(update_fields=["api_key_encrypted"])
+        return endpoint
 
     def update(self, instance, validated_data):
+        # A key given with a new base_url is kept; a new base_url alone drops the stored key (the model's save).
         key = validated_data.pop("api_key", None)
-        return self._save_with_key(super().update(instance, validated_data), key)
+        if key is not None:
+            validated_data.pop("api_key_encrypted", None)  # the stored key, which the validation carried along
+            instance.set_api_key(key)
+        return super().update(instance, validated_data)
 
 
 class ServingEndpointViewSet(CreatorOrTeamAdminMixin, mixins.CreateModelMixin, mixins.ListModelMixin,

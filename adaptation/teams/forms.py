@@ -4,7 +4,7 @@ from django import forms
 
 
 class TeamChoiceMixin:
-    """Limits every team-owned choice of a form to the user's teams."""
+    """Limits every team-owned choice of a form to the user's teams; the team of an existing row is fixed."""
 
     def scope(self, user, teams=None):
         """``teams`` narrows the team choices further (e.g. to those the user administers)."""
@@ -12,6 +12,9 @@ class TeamChoiceMixin:
             if isinstance(field, forms.ModelChoiceField):
                 field.queryset = field.queryset.model.objects.for_user(user)
         if "team" in self.fields:
+            if getattr(getattr(self, "instance", None), "pk", None) is not None:
+                # A row stays in its team: a form that edits one shows its team and takes no other.
+                self.fields["team"].disabled = True
             if teams is not None:
                 self.fields["team"].queryset = teams
             if self.fields["team"].queryset.count() == 1:

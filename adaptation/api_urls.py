@@ -3,7 +3,6 @@ and health."""
 
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
-from rest_framework.authtoken.views import obtain_auth_token
 from rest_framework.routers import DefaultRouter
 
 from .clusters import api as clusters
@@ -13,6 +12,7 @@ from .jobs import api as jobs
 from .jobs.health import StatusView
 from .serving import api as serving
 from .sweeps import api as sweeps
+from .teams.api import TokenView
 
 router = DefaultRouter()
 router.register("clusters", clusters.ClusterViewSet)
@@ -37,7 +37,7 @@ urlpatterns = [
     path("status/", StatusView.as_view(), name="api-status"),
     path("catalog/", intake.CatalogView.as_view(), name="api-catalog"),
     path("coverage-diff/", coverage.CoverageDiffView.as_view(), name="api-coverage-diff"),
-    path("token/", obtain_auth_token, name="api-token"),
+    path("token/", TokenView.as_view(), name="api-token"),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     # The split view serves its start-up script as a file of its own, so the docs work under the CSP.
     path("docs/", SpectacularSwaggerSplitView.as_view(url_name="api-schema"), name="api-docs"),

@@ -84,6 +84,8 @@ AXES_FAILURE_LIMIT = env_int("D0_LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = timedelta(minutes=env_float("D0_LOGIN_LOCKOUT_MINUTES", 15))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
+# 429 with Retry-After, for the API's token endpoint as for the login pages.
+AXES_LOCKOUT_CALLABLE = "d0web.lockout.lockout_response"
 AXES_VERBOSE = False
 AXES_IPWARE_PROXY_COUNT = 1 if env_bool("D0_BEHIND_TLS_PROXY", False) else None
 

@@ -31,20 +31,26 @@ def test_wrong_passwords_lock_the_sign_in_even_for_the_right_one(member, setting
         assert response.status_code == 200  # the form again, with its error
     assert client.post("/login/", {"username": "bob", "password": "wrong"}).status_code == 429  # the fifth
     locked = client.post("/login/", {"username": "bob", "password": "a-long-test-password"})
-    assert locked.status_code == 429
+    assert locked.status_code == 429 and locked["Retry-After"] == str(15 * 60)
     token = client.post("/api/token/", {"username": "bob", "password": "a-long-test-password"})
-    assert token.status_code == 400 and "token" not in token.json()
+    assert token.status_code == 429 and "token" not in token.json() and token["Retry-After"] == str(15 * 60)
     # Another user from the same address is not locked out by bob's failures.
     _user("carol", member.memberships.get().team, TeamRole.MEMBER)
     assert client.post("/login/", {"username": "carol", "password": "a-long-test-password"}).status_code == 302
 
 
-def test_wrong_passwords_on_the_token_endpoint_lock_it_too(member):
+def test_wrong_passwords_on_the_token_endpoint_lock_it_with_a_429_and_retry_after(member):
     client = Client()
-    for _ in range(5):
+    for _ in range(4):
         assert client.post("/api/token/", {"username": "bob", "password": "wrong"}).status_code == 400
-    assert client.post("/api/token/", {"username": "bob", "password": "a-long-test-password"}).status_code == 400
+    fifth = client.post("/api/token/", {"username": "bob", "password": "wrong"})
+    assert fifth.status_code == 429 and fifth["Retry-After"] == str(15 * 60)
+    locked = client.post("/api/token/", {"username": "bob", "password": "a-long-test-password"})
+    assert locked.status_code == 429 and "token" not in locked.json() and "locked" in locked.json()["detail"]
     assert client.post("/login/", {"username": "bob", "password": "a-long-test-password"}).status_code == 429
+    # A right password for another user from the same address still gets a token
+    _user("carol", member.memberships.get().team, TeamRole.MEMBER)
+    assert "token" in client.post("/api/token/", {"username": "carol", "password": "a-long-test-password"}).json()
 
 
 def test_health_needs_no_broadcast_and_tells_strangers_only_up(anon_api, member_api, node, monkeypatch):

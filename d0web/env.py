@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from django.core.exceptions import ImproperlyConfigured
 
+BASE_DIR = Path(__file__).resolve().parent.parent
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
 def env_str(name: str, default: str = "") -> str:
     return os.environ.get(name, default)
+
+
+def var_dir() -> Path:
+    """The instance's own folder (its secret key, SQLite database, embedded broker's and gunicorn's sockets): two
+    instances on one host differ in it. An empty D0_VAR_DIR is unset, not the working directory (where the
+    zero-setup secret key would then be written)."""
+    return Path(env_str("D0_VAR_DIR") or BASE_DIR / "var")
 
 
 def env_bool(name: str, default: bool) -> bool:

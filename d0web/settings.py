@@ -15,11 +15,10 @@ from workers.protocol import CHECK_LIVENESS, control_queue
 
 from . import embedded_broker
 
-from .env import database_from_url, env_bool, env_float, env_int, env_list, env_str, sqlite_database
+from .env import database_from_url, env_bool, env_float, env_int, env_list, env_str, sqlite_database, var_dir
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-# An empty D0_VAR_DIR is unset, not the working directory (where the zero-setup secret key would then be written).
-VAR_DIR = Path(env_str("D0_VAR_DIR") or BASE_DIR / "var")
+VAR_DIR = var_dir()
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 

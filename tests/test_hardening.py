@@ -258,3 +258,34 @@ def test_an_analysis_too_large_to_run_in_a_request_is_a_400_quickly(member_api, 
                                format="json")
     assert response.status_code == 400 and "expert MLPs; d0 analyses up to 262,144" in response.json()["config"][0]
     assert time.perf_counter() - started < 2
+
+
+def test_two_instances_on_one_host_keep_their_own_gunicorn_control_socket():
+    """Two real gunicorns with the production config and two var/ folders: each control socket lies under its own
+    folder, and stopping one leaves the other's in place (with one shared default path, the second took it over and
+    the first removed it on its way out)."""
+    import signal
+
+    from tests.harness import wait_for
+
+    folders = [Path(tempfile.mkdtemp(prefix="d0-gu-")) for _ in range(2)]  # short: a socket path is <= 107 bytes
+    servers = []
+    try:
+        for folder in folders:
+            env = {**os.environ, "D0_VAR_DIR": str(folder), "XDG_RUNTIME_DIR": str(folders[0].parent)}
+            servers.append(subprocess.Popen(
+                [sys.executable, "-m", "gunicorn", "d0web.wsgi", "--config", "d0web/gunicorn.conf.py", "--bind",
+                 "127.0.0.1:0", "--workers", "1"], cwd=ROOT, env=env, start_new_session=True,
+                stdout=subprocess.DEVNULL, stderr=open(folder / "gunicorn.log", "wb")))
+        sockets = [folder / "gunicorn.ctl" for folder in folders]
+        wait_for(lambda: all(path.is_socket() for path in sockets), 60, "both control sockets")
+        servers[0].send_signal(signal.SIGTERM)
+        servers[0].wait(timeout=30)
+        assert not sockets[0].exists() and sockets[1].is_socket()
+    finally:
+        for server in servers:
+            if server.poll() is None:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)

@@ -58,9 +58,43 @@ class EngineFailed(RuntimeError):
         self.cause, self.reason = cause, reason
 
 
-def engine_environment() -> dict[str, str]:
-    # d0's own PYTHONPATH must not reach the engine's interpreter (it would import d0's torch, not the engine's).
-    return {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYTHONHOME")}
+# What an engine's processes get of the node worker's environment: what any program needs, and the settings of the
+# engines and of what they run on (vLLM, SGLang, CUDA/ROCm, NCCL, torch, Triton, Hugging Face, OpenMP); plus the names
+# an operator lists in D0_ENGINE_ENV. Nothing else: the worker's environment holds its join token and the broker's
+# URL with its password, which an engine (third-party code, loading a model's files) has no use for.
+ENGINE_ENV_NAMES = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR",
+                              "LD_LIBRARY_PATH", "LD_PRELOAD", "XDG_CACHE_HOME", "CC", "CXX"})
+ENGINE_ENV_PREFIXES = ("LC_", "VLLM_", "SGLANG_", "SGL_", "CUDA_", "CUDNN_", "NVIDIA_", "NCCL_", "ROCM_", "HIP_",
+                       "HSA_", "ROCR_", "TORCH_", "TORCHINDUCTOR_", "PYTORCH_", "TRITON_", "HF_", "HUGGING_FACE_",
+                       "TRANSFORMERS_", "TOKENIZERS_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GLOO_", "UCX_")
+# Never passed, even when listed: d0's own variables (D0_*: the join token among them), the broker's and the
+# database's URLs, and d0's PYTHONPATH (the engine's interpreter would import d0's torch, not its own).
+NEVER_TO_ENGINES = ("D0_", "CELERY_")
+NEVER_NAMES = frozenset({"REDIS_URL", "BROKER_URL", "DATABASE_URL", "PYTHONPATH", "PYTHONHOME"})
+ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+
+
+def declared_engine_env(declared: str) -> list[str]:
+    """The extra variable names an operator lets engines see (``D0_ENGINE_ENV``: names, space- or comma-separated);
+    a ValueError for a name that is no variable name or is one engines never get."""
+    names = declared.replace(",", " ").split()
+    for name in names:
+        if not ENV_NAME.fullmatch(name):
+            raise ValueError(f"D0_ENGINE_ENV lists {name!r}, which is not a variable name (A-Z, 0-9, _)")
+        if name.startswith(NEVER_TO_ENGINES) or name in NEVER_NAMES:
+            raise ValueError(f"D0_ENGINE_ENV lists {name}, which engines never get (d0's own variables, the broker's "
+                             "and database's URLs, PYTHONPATH)")
+    return names
+
+
+def engine_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment an engine starts with: the node worker's, reduced to what engines need and the operator
+    declared (``ENGINE_ENV_NAMES``, ``ENGINE_ENV_PREFIXES``, ``D0_ENGINE_ENV``)."""
+    environ = os.environ if environ is None else environ
+    declared = set(declared_engine_env(environ.get("D0_ENGINE_ENV", "")))
+    return {key: value for key, value in environ.items()
+            if (key in declared or key in ENGINE_ENV_NAMES or key.startswith(ENGINE_ENV_PREFIXES))
+            and not key.startswith(NEVER_TO_ENGINES) and key not in NEVER_NAMES}
 
 
 def stop_running_servers() -> None:

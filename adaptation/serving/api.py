@@ -8,8 +8,8 @@ from rest_framework.decorators import action
 
 from ..api.base import CreatorOrTeamAdminMixin, TeamField, TeamScopedViewSet, ValidatedModelSerializer
 from ..models import ServingEndpoint
-from ..reports import ReportViewSet, download
-from .services import ENDPOINT_REPORT_KIND, ENGINE_REPORT_KIND, recipe_script
+from ..reports import ReportViewSet
+from .services import ENDPOINT_REPORT_KIND, ENGINE_REPORT_KIND, recipe_download
 
 
 class EngineReportViewSet(ReportViewSet):
@@ -22,7 +22,7 @@ class EngineReportViewSet(ReportViewSet):
     @action(detail=True, methods=["get"])
     def recipe(self, request, pk=None):
         run = self.get_object()
-        return download(recipe_script(run.result), "text/x-shellscript", f"d0-recipe-{run.pk}.sh")
+        return recipe_download(run)
 
 
 class EndpointReportViewSet(ReportViewSet):

@@ -6,8 +6,8 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
 from ..models import StageRun
-from ..reports import compare_context, download, json_download, report_run
-from .services import ENGINE_REPORT_KIND, recipe_script, report_context
+from ..reports import compare_context, json_download, report_run
+from .services import ENGINE_REPORT_KIND, recipe_download, report_context
 
 
 def engine_run(request, pk) -> StageRun:
@@ -27,7 +27,7 @@ def report_json(request, pk):
 @login_required
 def recipe(request, pk):
     run = engine_run(request, pk)
-    return download(recipe_script(run.result), "text/x-shellscript", f"d0-recipe-{run.pk}.sh")
+    return recipe_download(run)
 
 
 @login_required

@@ -1,17 +1,19 @@
 """Engine reports as the pages, the API and the downloads read them (the stored results read through the engine's
 ``ServeSweepResult`` and ``EndpointBenchResult``, their trials through its one row declaration, ``trial_row``), the
-recipe as a script, and whether a cluster has a node that serves with a real engine (then the whole adaptation runs
-the engine sweep)."""
+recipe as a script (``workers.engine.serving.recipe``), and whether a cluster has a node that serves with a real
+engine (then the whole adaptation runs the engine sweep)."""
 
 from __future__ import annotations
 
-import shlex
+from django.http import HttpResponse
 
+from workers.engine.serving.recipe import recipe_script
 from workers.engine.sweep.result import EndpointBenchResult, ServeSweepResult
 from workers.engine.sweep.trial_row import endpoint_bench_table, serve_sweep_table
 
 from ..choices import NodeStatus
 from ..models import Cluster, ServingEndpoint, StageRun
+from ..reports import download
 
 ENGINE_REPORT_KIND = "serve_sweep"
 ENDPOINT_REPORT_KIND = "endpoint_bench"
@@ -43,31 +45,14 @@ def endpoint_parameters(team, endpoint_id) -> dict:
     return {"base_url": endpoint.base_url, "served_model": endpoint.served_model, "api_key": endpoint.api_key()}
 
 
-def recipe_script(result: dict) -> str:
-    """The recipe as a shell script: the engine's exact command and environment, with the checkpoint folder given
-    by $MODEL when d0 served a validation checkpoint of its own (its folder lived only for the stage)."""
-    recipe = result["recipe"]
-    command = shlex.split(recipe["command"])
-    while command and "=" in command[0] and not command[0].startswith("-"):
-        command.pop(0)  # the environment is written out below, one variable per line
-    quoted = [shlex.quote(part) for part in command]
-    weights = recipe.get("weights") or {}
-    lines = ["#!/bin/sh", f"# d0 deployment recipe: {recipe['engine']} {recipe.get('version') or ''}".rstrip(),
-             f"# measured: {recipe['measured'].get('output_tokens_per_s') or 0:.1f} output tokens/s, "
-             f"engine start {recipe.get('startup_s') or 0:.0f} s (trial {recipe['trial']})",
-             f"# weights: {weights.get('kind', '?')}"]
-    predicted = recipe.get("prediction") or {}
-    if predicted.get("available"):
-        lines.append(f"# roofline ceiling: {predicted['predicted_output_tokens_per_s']:.1f} output tokens/s "
-                     f"({predicted['precision']}, {predicted['bound']}, from the node's env check)")
-    if weights.get("kind") != "checkpoint" and "--model" in command:
-        quoted[command.index("--model") + 1] = '"${MODEL:?the checkpoint folder}"'
-        lines.append("# d0 served a validation checkpoint (reduced, random weights): set MODEL to your checkpoint")
-    if "--port" in command:
-        quoted[command.index("--port") + 1] = '"${PORT:-8000}"'
-    lines += [f"export {key}={shlex.quote(str(value))}" for key, value in sorted(recipe["env"].items())]
-    lines.append("exec " + " ".join(quoted))
-    return "\n".join(lines) + "\n"
+def recipe_download(run: StageRun) -> HttpResponse:
+    """``recipe.sh`` of an engine report, or a 409 saying why the node's report makes none."""
+    try:
+        script = recipe_script(run.result or {})
+    except ValueError as error:
+        return HttpResponse(f"No recipe can be written from this report: {error}\n", status=409,
+                            content_type="text/plain; charset=utf-8")
+    return download(script, "text/x-shellscript", f"d0-recipe-{run.pk}.sh")
 
 
 def endpoint_report_context(run: StageRun) -> dict:

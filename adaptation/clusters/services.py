@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from workers import protocol
 from workers.engine.envcheck.peaks import published_peak
+from workers.engine.serving.recipe import checked_engine
 
 from ..choices import ACTIVE_STATUSES, InterconnectKind, NodeStatus
 from ..errors import Conflict
@@ -45,7 +46,7 @@ def register_node(cluster: Cluster, hostname: str, host_facts: dict, devices: li
         node.status = NodeStatus.ONLINE
     node.queue_name = protocol.node_queue(cluster.join_name, hostname)
     node.last_heartbeat = now
-    node.host_facts = host_facts
+    node.host_facts = with_checked_engines(host_facts)
     if key_id:
         node.public_key, node.key_id = public_key, key_id
     node.last_signed_ts = max(node.last_signed_ts, signed_ts)
@@ -67,6 +68,15 @@ def register_node(cluster: Cluster, hostname: str, host_facts: dict, devices: li
         node.devices.exclude(pk__in=seen).delete()
     logger.info("node %s registered in %s with %d devices", hostname, cluster.join_name, len(seen))
     return node
+
+
+def with_checked_engines(host_facts: dict) -> dict:
+    """The node's serving engines as its registration reported them, each checked as it arrives (a version is a
+    version, the name one d0 drives; ``recipe.checked_engine``): the pages and recipes show only checked values."""
+    engines = host_facts.get("engines") if isinstance(host_facts, dict) else None
+    if not isinstance(engines, list):
+        return host_facts
+    return {**host_facts, "engines": [checked_engine(engine) for engine in engines if isinstance(engine, dict)]}
 
 
 def record_heartbeat(node: Node) -> None:

@@ -13,6 +13,7 @@ from celery import Celery
 from django.test import Client
 from django.utils import timezone
 
+from adaptation import control_messages
 from adaptation.clusters import trust
 from adaptation.jobs import services as jobs
 from adaptation.models import AdaptationJob, JoinToken, Node, RejectedNodeMessage, StageRun
@@ -47,7 +48,7 @@ def registration(key, cluster_ref, hostname, token=""):
     token_id = proof = ""
     if token:
         token_id, secret = signing.split_join_token(token)
-        proof = signing.token_proof(signing.token_key(secret), payload)
+        proof = signing.token_proof(token_id, secret, payload)
     return [payload, key.sign(payload), token_id, proof]
 
 
@@ -277,7 +278,9 @@ def test_a_team_admin_makes_a_join_token_on_the_cluster_page_and_sees_the_comman
     token = JoinToken.objects.get()
     command = re.search(r'<pre class="command" id="join-command">D0_JOIN_TOKEN=(\S+) \\', page.content.decode())
     whole = command.group(1)
-    assert whole.startswith(f"{token.token_id}.") and token.secret_sha256 == signing.token_key(whole.split(".")[1])
+    assert whole.startswith(f"{token.token_id}.")
+    assert token.verify_key == signing.token_verify_key(token.token_id, whole.split(".")[1])
+    assert f"--control-key {control_messages.public_key()}" in page.content.decode()
     assert "--cluster alpha/h100-pod" in page.content.decode()
     again = client.get(f"/clusters/{cluster.pk}/").content.decode()
     assert token.token_id in again and whole not in again  # listed, never shown again

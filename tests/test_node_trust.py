@@ -620,3 +620,29 @@ def test_a_sealed_parameter_opens_only_on_its_node_for_its_stage_run(tmp_path):
         with pytest.raises(sealing.SealError):
             key.open(box, context)
     assert sealing.SealingKey.load_or_create(tmp_path / "mine.seal").public_key == mine.public_key
+
+
+def test_a_node_reports_nothing_for_a_message_it_cannot_trust_and_fails_an_authentic_one_past_its_expiry(
+        tmp_path, monkeypatch):
+    import json
+
+    from workers import control_trust, node, outbox
+
+    sent = []
+    node_key, control_key = signing.NodeKey.generate(), signing.ControlKey.generate()
+    monkeypatch.setattr(node, "identity", node.Identity(key=node_key, outbox=outbox.Outbox(tmp_path / "outbox")))
+    monkeypatch.setattr(control_trust, "trust", control_trust.ControlTrust(control_key.public_key, node_key.key_id))
+    monkeypatch.setattr(node, "_sender", lambda *args, **kwargs: lambda task, message: sent.append(
+        (task, json.loads(message[1]))))
+    monkeypatch.setattr(node, "run_engine_stage", lambda *args, **kwargs: pytest.fail("a stage ran"))
+    stranger = signing.ControlKey.generate()  # another d0's control plane, or a rogue's key
+    for message, task_id in ((stranger.message(protocol.RUN_STAGE, node_key.key_id, [7, "env_probe", {}],
+                                               max_age=60, id="t1"), "t1"),
+                             ([7, "env_probe", {}], "t2")):
+        node.run_stage.apply(args=message, task_id=task_id)
+    assert sent == []
+    expired = control_key.message(protocol.RUN_STAGE, node_key.key_id, [8, "env_probe", {}], max_age=-1, id="t3")
+    node.run_stage.apply(args=expired, task_id="t3")
+    [(task, report)] = sent
+    assert task == protocol.STAGE_FINISHED and report["args"][:2] == [8, False]
+    assert "waited in the node's queue past its expiry" in report["args"][3]

@@ -1,7 +1,7 @@
 from django.contrib import admin
 
 from .models import (AdaptationJob, Cluster, ControlWorker, Device, EnvReport, JoinToken, Link, Membership, ModelPlan,
-                     ModelSpec, Node, RejectedNodeMessage, ServingEndpoint, StageRun, Team)
+                     ModelSpec, Node, RejectedNodeMessage, RetiredNodeKey, ServingEndpoint, StageRun, Team)
 
 
 class OwnerFixedOnChange(admin.ModelAdmin):
@@ -91,8 +91,9 @@ class NodeAdmin(OwnerFixedOnChange):
     list_filter = ["status", "cluster__team", "cluster"]
     search_fields = ["hostname", "queue_name"]
     list_select_related = ["cluster"]
-    # Deleting a node is how a machine that lost its key re-joins (with a new join token).
-    readonly_fields = ["registered", "last_heartbeat", "key_id", "public_key", "last_signed_ts"]
+    # Deleting a node is how a machine that lost its key re-joins (with a new key and a new join token): the deleted
+    # node's key is remembered (RetiredNodeKey) and joins nothing again.
+    readonly_fields = ["registered", "last_heartbeat", "key_id", "public_key", "sealing_key", "last_signed_ts"]
     actions = [drain_nodes]
     inlines = [DeviceInline]
 
@@ -173,8 +174,9 @@ class JoinTokenAdmin(admin.ModelAdmin):
     list_display = ["token_id", "cluster", "description", "expires", "revoked", "uses", "created_by"]
     list_filter = ["cluster__team", "cluster"]
     list_select_related = ["cluster", "created_by"]
-    # Tokens are made on the cluster page or through the API, where the whole token is shown once. The stored
-    # verifier of its secret is never shown: it is named nowhere here, so no list, form or read-only field has it.
+    # Tokens are made on the cluster page or through the API, where the whole token is shown once. Nothing of the
+    # secret is shown, not even its verifying key: the fields are named here, so no list, form or read-only field
+    # has it.
     fields = ["cluster", "token_id", "description", "created_by", "created", "expires", "revoked", "uses",
               "last_used"]
     readonly_fields = ["cluster", "token_id", "created_by", "created", "uses", "last_used"]
@@ -188,6 +190,15 @@ class RecordedByTheControlPlane(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False
+
+
+@admin.register(RetiredNodeKey)
+class RetiredNodeKeyAdmin(RecordedByTheControlPlane):
+    """Keys of deleted nodes, refused at registration; deleting one lets that key join again (with a token)."""
+
+    list_display = ["key_id", "hostname", "retired"]
+    search_fields = ["key_id", "hostname"]
+    readonly_fields = ["key_id", "hostname", "retired"]
 
 
 @admin.register(RejectedNodeMessage)

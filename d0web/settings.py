@@ -274,6 +274,11 @@ D0_RECONCILE_AFTER = env_float("D0_RECONCILE_AFTER", 60.0)
 # or leave may be before a stale one is counted as a replay (workers/signing.py, adaptation/clusters/trust.py).
 D0_JOIN_TOKEN_HOURS = env_float("D0_JOIN_TOKEN_HOURS", 24.0)
 D0_NODE_MESSAGE_MAX_AGE = env_float("D0_NODE_MESSAGE_MAX_AGE", 300.0)
+# The control plane's Ed25519 key, made at first use: every message to a node is signed with it, and nodes pin its
+# public half when they join (adaptation/clusters/control_messages.py). Every control-plane process (web tier,
+# control workers) must read the same file. A stage message a node takes later than this is failed, not run.
+D0_CONTROL_KEY_FILE = Path(env_str("D0_CONTROL_KEY_FILE") or VAR_DIR / "control-key.pem")
+D0_STAGE_MESSAGE_MAX_AGE = env_float("D0_STAGE_MESSAGE_MAX_AGE", 24 * 3600.0)
 # Pre-flight gate: gated stages need an env check of the node no older than this.
 D0_PREFLIGHT_MAX_AGE_HOURS = env_float("D0_PREFLIGHT_MAX_AGE_HOURS", 24.0)
 # Modules with stage handlers of a deployment's own (adaptation/stages.py), beside each capability's stage.py; the

@@ -14,6 +14,7 @@ from rest_framework.test import APIClient
 from adaptation.choices import TeamRole
 from adaptation.models import AdaptationJob, Cluster, Device, Membership, ModelSpec, Node, StageRun, Team
 from tests.harness import WorkerStack
+from workers import protocol
 
 # The real release configs d0 ships as its catalog; tests read them from there.
 CONFIGS = Path(__file__).parent.parent / "adaptation" / "intake" / "catalog" / "configs"
@@ -136,10 +137,13 @@ class SentTasks:
         self.control = self
 
     def send_task(self, name, args=None, queue=None, task_id=None, **options):
-        self.sent.append({"name": name, "args": args, "queue": queue, "task_id": task_id})
+        """``signed``: what a control-plane message's payload says (its ``args``: stage run id, kind, parameters)."""
+        signed = json.loads(args[0]) if name == protocol.RUN_STAGE else None
+        self.sent.append({"name": name, "args": args, "queue": queue, "task_id": task_id, "signed": signed})
 
-    def revoke(self, ids, terminate=False):
-        self.revoked.append((list(ids), terminate))
+    def broadcast(self, command, destination=None, arguments=None, **options):
+        if command == "revoke":
+            self.revoked.append((list(arguments["task_id"]), arguments["terminate"]))
 
     def names(self):
         return [task["name"] for task in self.sent]

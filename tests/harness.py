@@ -85,6 +85,19 @@ def _secret_key() -> str:
     return settings.SECRET_KEY
 
 
+def control_key_file() -> str:
+    from django.conf import settings
+
+    return str(settings.D0_CONTROL_KEY_FILE)
+
+
+def control_public_key() -> str:
+    """What a node is given to pin: the test process's control-plane key, which the stack's control worker shares."""
+    from adaptation import control_messages
+
+    return control_messages.public_key()
+
+
 class WorkerStack(Processes):
     """A control-plane worker (with beat) and node workers, sharing the test process's database and broker."""
 
@@ -105,6 +118,8 @@ class WorkerStack(Processes):
             # The web tier (this process) and the control plane share one SECRET_KEY, as a deployment's must: the
             # control worker decrypts what the web tier stored (an endpoint's API key).
             "D0_SECRET_KEY": _secret_key(),
+            # Likewise the control plane's signing key: the test process dispatches stages, the control worker too.
+            "D0_CONTROL_KEY_FILE": control_key_file(),
             # Env checks in tests check behaviour, not figures: 0.2 s of timed work per measurement, not 1 s.
             "D0_ENVCHECK_MEASURE_SECONDS": "0.2",
             **{key: str(value) for key, value in settings.items()},
@@ -127,7 +142,7 @@ class WorkerStack(Processes):
                                         "--cluster", cluster_ref, "--hostname", hostname,
                                         "--heartbeat", str(heartbeat), "--state-dir", str(self.log_dir / "node-keys"),
                                         *extra],
-                   {**self.env, "D0_JOIN_TOKEN": token})
+                   {**self.env, "D0_JOIN_TOKEN": token, "D0_CONTROL_KEY": control_public_key()})
 
     def logs(self) -> str:
         return "\n".join(f"--- {path.name}\n{path.read_text(errors='replace')[-4000:]}"

@@ -27,7 +27,7 @@ from adaptation.jobs import services as jobs
 from adaptation.models import AdaptationJob, Node, StageRun
 from d0web import embedded_broker
 from tests.conftest import database_url, failed, job_status, node_online
-from tests.harness import WorkerStack, wait_for
+from tests.harness import WorkerStack, control_key_file, wait_for
 from workers import protocol
 from workers.engine.workdirs import PREFIXES
 
@@ -403,7 +403,8 @@ def test_a_submitter_killed_inside_its_transaction_leaves_no_job_and_sends_nothi
          f"from adaptation.models import Cluster; cluster = Cluster.objects.get(pk={cluster.pk}); "
          f"submit_job(team=cluster.team, user=User.objects.get(pk={owner.pk}), cluster=cluster, stages=['env_probe'])"],
         env={**os.environ, "DJANGO_SETTINGS_MODULE": "d0web.settings", "DATABASE_URL": database_url(),
-             "D0_BROKER_URL": stack.broker.url, "D0_VAR_DIR": str(tmp_path / "submitter")})
+             "D0_BROKER_URL": stack.broker.url, "D0_VAR_DIR": str(tmp_path / "submitter"),
+             "D0_CONTROL_KEY_FILE": control_key_file()})
     try:
         [backend] = wait_for(lock.waiters, 90, "the submit to wait inside its transaction")
         submitter.kill()

@@ -13,6 +13,7 @@ from celery import Celery
 from django.test import Client
 from django.utils import timezone
 
+from adaptation import control_messages
 from adaptation.clusters import trust
 from adaptation.jobs import services as jobs
 from adaptation.models import AdaptationJob, JoinToken, Node, RejectedNodeMessage, StageRun
@@ -39,15 +40,15 @@ def rogue(stack):
     app.close()
 
 
-def registration(key, cluster_ref, hostname, token=""):
+def registration(key, cluster_ref, hostname, token="", ts=None):
     """What a node worker sends to join (workers/node.py), made by hand."""
-    payload = signing.encode_payload({"task": protocol.REGISTER_NODE, "ts": time.time(), "cluster": cluster_ref,
+    payload = signing.encode_payload({"task": protocol.REGISTER_NODE, "ts": ts or time.time(), "cluster": cluster_ref,
                                       "hostname": hostname, "public_key": key.public_key,
                                       "host_facts": {"cpu_model": "rogue"}, "devices": [{"kind": "cpu", "index": 0}]})
     token_id = proof = ""
     if token:
         token_id, secret = signing.split_join_token(token)
-        proof = signing.token_proof(signing.token_key(secret), payload)
+        proof = signing.token_proof(token_id, secret, payload)
     return [payload, key.sign(payload), token_id, proof]
 
 
@@ -277,7 +278,9 @@ def test_a_team_admin_makes_a_join_token_on_the_cluster_page_and_sees_the_comman
     token = JoinToken.objects.get()
     command = re.search(r'<pre class="command" id="join-command">D0_JOIN_TOKEN=(\S+) \\', page.content.decode())
     whole = command.group(1)
-    assert whole.startswith(f"{token.token_id}.") and token.secret_sha256 == signing.token_key(whole.split(".")[1])
+    assert whole.startswith(f"{token.token_id}.")
+    assert token.verify_key == signing.token_verify_key(token.token_id, whole.split(".")[1])
+    assert f"--control-key {control_messages.public_key()}" in page.content.decode()
     assert "--cluster alpha/h100-pod" in page.content.decode()
     again = client.get(f"/clusters/{cluster.pk}/").content.decode()
     assert token.token_id in again and whole not in again  # listed, never shown again
@@ -302,3 +305,344 @@ def test_join_tokens_through_the_api(owner_api, member_api, outsider_api, cluste
     assert outsider_api.post("/api/join-tokens/", {"cluster": cluster.pk}, format="json").status_code == 400
     revoked = owner_api.post(f"/api/join-tokens/{body['id']}/revoke/")
     assert revoked.status_code == 200 and revoked.json()["revoked"]
+
+
+# --- control -> node: stage messages and cancels signed by the control plane, secrets sealed to the node ---------
+
+
+def queued_run(cluster, owner, node, kind="env_probe"):
+    """A stage run assigned to ``node`` whose message the control plane has not sent."""
+    import uuid
+
+    job = AdaptationJob.objects.create(team=cluster.team, cluster=cluster, stages=[kind], submitted_by=owner,
+                                       status="running", started=timezone.now())
+    return StageRun.objects.create(job=job, kind=kind, node=node, node_name=node.hostname, status="queued",
+                                   celery_task_id=str(uuid.uuid4()))
+
+
+def test_a_stage_message_the_control_plane_did_not_sign_for_the_node_is_not_run_nor_reported(stack, cluster, owner,
+                                                                                              member_api, rogue):
+    """A broker-only client pushes run_stage messages straight into a node's queue: the old unsigned form, one
+    signed by a (real) node's key, a real control-plane message for another node, and a real one for this node
+    copied under another task id. None runs, nothing is reported; the node goes on with real work."""
+    stack.start_node("alpha/h100-pod", "worker-a")
+    node = wait_for(node_online("worker-a"), 60, "the node to join")
+    other = Node(cluster=cluster, hostname="worker-b", queue_name="d0.node.alpha.h100-pod.worker-b",
+                 key_id=signing.NodeKey.generate().key_id)
+    run = queued_run(cluster, owner, node)
+    node_key = joined_rogue(rogue)
+    real_for_other = control_messages.stage_message(run.pk, "env_probe", {}, other, run.celery_task_id)
+    real_for_node = control_messages.stage_message(run.pk, "env_probe", {}, node, run.celery_task_id)
+    forged_payload = signing.encode_payload({"task": protocol.RUN_STAGE, "node": node.key_id, "ts": time.time(),
+                                             "expires": time.time() + 600, "id": "rogue-2",
+                                             "args": [run.pk, "env_probe", {}]})
+    pushed = {"rogue-1": [run.pk, "env_probe", {}],  # the old, unsigned form
+              "rogue-2": [forged_payload, node_key.sign(forged_payload)],  # signed by a node's key
+              run.celery_task_id: real_for_other,  # the control plane's, for another node
+              "rogue-4": real_for_node}  # the control plane's, for this node, under another task id
+    for task_id, args in pushed.items():
+        rogue.app.send_task(protocol.RUN_STAGE, args=args, queue=node.queue_name, task_id=task_id)
+    log = lambda: stack.log("node-worker-a")  # noqa: E731
+    wait_for(lambda: log().count("refused a stage message") == 4, 30, "the node to refuse all four")
+    assert "signed for another node" in log() and "bad signature" in log()
+    assert "delivered as task rogue-4" in log()
+    time.sleep(1)  # a report would have reached the control worker by now
+    run.refresh_from_db()
+    assert (run.status, run.progress, run.started) == ("queued", 0.0, None)
+    assert not RejectedNodeMessage.objects.filter(task__startswith="d0.control.stage").exists()
+    response = member_api.post("/api/jobs/", {"cluster": cluster.pk, "stages": ["env_probe"],
+                                              "parameters": {"nodes": ["worker-a"]}}, format="json")
+    job = wait_for(job_status(response.json()["id"], "succeeded", "failed"), 60, "a real job on the node")
+    assert job.status == "succeeded", job.error
+
+
+def test_a_forged_revoke_does_not_stop_a_running_stage_and_the_control_planes_cancel_does(stack, cluster,
+                                                                                        member_api, rogue):
+    stack.start_node("alpha/h100-pod", "worker-a")
+    node = wait_for(node_online("worker-a"), 60, "the node to join")
+    response = member_api.post("/api/jobs/", {"cluster": cluster.pk, "stages": ["env_check"],
+                                              "parameters": {"env_check": {"measure_seconds": 20}}}, format="json")
+    long_job = response.json()["id"]
+    run = wait_for(lambda: StageRun.objects.filter(job_id=long_job, status="running").first(), 60, "the stage")
+    task_id, worker = run.celery_task_id, protocol.node_worker_name(node.queue_name, node.hostname)
+    other = Node(cluster=cluster, hostname="worker-b", queue_name="d0.node.alpha.h100-pod.worker-b",
+                 key_id=signing.NodeKey.generate().key_id)
+    node_key = joined_rogue(rogue)
+    forged = signing.encode_payload({"task": protocol.CANCEL_STAGE, "node": node.key_id, "ts": time.time(),
+                                     "expires": time.time() + 600, "args": [[task_id], True, "SIGTERM"]})
+    for_another_node = control_messages.revoke(other, [task_id])["arguments"]
+    for_another_task = control_messages.revoke(node, ["some-other-task"])["arguments"]
+    rogue.app.control.revoke(task_id, terminate=True)  # Celery's own, unsigned, to every worker
+    for arguments in ({"terminate": True, "signal": "SIGTERM",
+                       protocol.SIGNED_ARGUMENT: [forged, node_key.sign(forged)]},
+                      for_another_node, {**for_another_task, "task_id": [task_id]}):
+        rogue.app.control.broadcast("revoke", destination=[worker],
+                                    arguments={**arguments, "task_id": [task_id]})
+    log = lambda: stack.log("node-worker-a")  # noqa: E731
+    wait_for(lambda: log().count("refused a revoke") == 4, 30, "the node to refuse all four revokes")
+    assert "Terminating" not in log()
+    assert StageRun.objects.get(pk=run.pk).status == "running"
+
+    assert member_api.post(f"/api/jobs/{long_job}/cancel/").json()["status"] == "cancelled"
+    wait_for(lambda: f"Terminating {task_id}" in log(), 30, "the control plane's cancel to stop the stage")
+    response = member_api.post("/api/jobs/", {"cluster": cluster.pk, "stages": ["env_probe"],
+                                              "parameters": {"nodes": ["worker-a"]}}, format="json")
+    job = wait_for(job_status(response.json()["id"], "succeeded", "failed"), 30, "the next job on the freed slot")
+    assert job.status == "succeeded", job.error
+
+
+class FakeEndpoint:
+    """An OpenAI-compatible streaming completions server (just enough for d0's load client) that wants one bearer
+    key and remembers the Authorization headers it was sent."""
+
+    def __init__(self, key: str):
+        import http.server
+        import json
+        import threading
+
+        seen = self.authorizations = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                seen.append(self.headers.get("Authorization"))
+                if self.headers.get("Authorization") != f"Bearer {key}":
+                    self.send_response(401)
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                tokens = body["max_tokens"]
+                for _ in range(tokens):
+                    self.wfile.write(b'data: {"choices": [{"text": "x"}]}\n\n')
+                usage = {"choices": [], "usage": {"completion_tokens": tokens}}
+                self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def everything_in(redis_url: str) -> bytes:
+    """Every value the broker holds: each key's name and contents, whatever its type (the node queues, Celery's
+    unacked hash and index, the bindings)."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    held = []
+    for name in client.scan_iter(count=1000):
+        kind = client.type(name).decode()
+        held.append(name)
+        if kind == "string":
+            held.append(client.get(name) or b"")
+        elif kind == "list":
+            held.extend(client.lrange(name, 0, -1))
+        elif kind == "hash":
+            for field, value in client.hgetall(name).items():
+                held.extend((field, value))
+        elif kind == "set":
+            held.extend(client.smembers(name))
+        elif kind == "zset":
+            held.extend(client.zrange(name, 0, -1))
+    client.close()
+    return b"\n".join(held)
+
+
+def message_bodies(raw: bytes) -> list[bytes]:
+    """Every Celery message body in ``raw``, decoded: kombu's Redis transport keeps bodies in base64 (the headers,
+    argsrepr among them, are plain JSON)."""
+    import base64
+    import re
+
+    return [base64.b64decode(body) for body in re.findall(rb'"body": ?"([A-Za-z0-9+/=]+)"', raw)]
+
+
+def test_an_endpoint_benchmark_leaves_its_key_nowhere_on_the_broker(tmp_path, cluster, owner, member_api, broker,
+                                                                     model_spec):
+    """A real Redis with its append-only file on (every write, fsynced): the benchmark runs through real workers
+    with the endpoint's stored key, which reaches the endpoint; the queues, the unacked data, every other key and
+    the append-only file hold no trace of it, nor do the workers' logs."""
+    import shutil
+    import subprocess
+
+    from tests.conftest import database_url
+    from tests.harness import Processes, WorkerStack
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("needs redis-server")
+    secret = "sk-d0-sealed-9d41c7e0b2"
+    endpoint = FakeEndpoint(secret)
+    port, data = free_port(), tmp_path / "redis"
+    data.mkdir()
+    redis = Processes(tmp_path)
+    redis.start("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir",
+                          str(data), "--appendonly", "yes", "--appendfsync", "always"], dict(os.environ))
+    url = f"redis://127.0.0.1:{port}/0"
+    stack = WorkerStack(tmp_path, database_url(), url, D0_NODE_TIMEOUT=4, D0_LIVENESS_INTERVAL=1)
+    dispatcher = Celery("dispatcher", broker=url, fixups=[])
+    try:
+        wait_for(lambda: subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True,
+                                        text=True).stdout.strip() == "PONG", 30, "redis to start")
+        stack.start_control()
+        stack.start_node("alpha/h100-pod", "bench-node")
+        wait_for(node_online("bench-node"), 60, "the node to join")
+        created = member_api.post("/api/serving-endpoints/", {"name": "theirs", "base_url": endpoint.base_url,
+                                                              "served_model": "d0", "api_key": secret}, format="json")
+        assert created.status_code == 201, created.json()
+        response = member_api.post("/api/jobs/", {
+            "cluster": cluster.pk, "model": model_spec.pk, "stages": ["endpoint_bench"],
+            "parameters": {"endpoint_bench": {"endpoint": created.json()["id"], "concurrency": [1],
+                                              "workload": {"requests": 2, "prompt_len": 4, "output_len": 4}}}},
+            format="json")
+        assert response.status_code == 201, response.json()
+        for task in broker.sent:  # the web tier's dispatch, sent to this Redis
+            dispatcher.send_task(task["name"], args=task["args"], queue=task["queue"], task_id=task["task_id"])
+        job = wait_for(job_status(response.json()["id"], "succeeded", "failed"), 120, "the benchmark")
+        assert job.status == "succeeded", job.error
+        assert endpoint.authorizations and set(endpoint.authorizations) == {f"Bearer {secret}"}
+        held = everything_in(url)
+        assert b"bench-node" in held  # the scan sees the node's queue and bindings
+        assert secret.encode() not in held and not [body for body in message_bodies(held) if secret.encode() in body]
+        appended = b"".join(path.read_bytes() for path in data.rglob("*") if path.is_file())
+        bodies = message_bodies(appended)
+        assert [body for body in bodies if b"d0.node.run_stage" in body and b"sealed" in body]  # the stage's message
+        assert secret.encode() not in appended and not [body for body in bodies if secret.encode() in body]
+        assert secret not in stack.logs()
+    except BaseException:
+        print(stack.logs())
+        raise
+    finally:
+        dispatcher.close()
+        stack.stop_all()
+        redis.stop_all()
+        endpoint.close()
+
+
+# --- registrations: too old, a deleted node's, a proof from what the control plane stores ------------------------
+
+
+def test_a_registration_sent_long_ago_is_refused_even_with_a_valid_token(stack, cluster, rogue, settings):
+    sent = time.time() - 2 * settings.D0_NODE_MESSAGE_MAX_AGE
+    rogue(protocol.REGISTER_NODE, registration(signing.NodeKey.generate(), "alpha/h100-pod", "old-capture",
+                                               join_token("alpha/h100-pod"), ts=sent))
+    wait_for(rejected("registration older than D0_NODE_MESSAGE_MAX_AGE"), 30, "the old registration to be refused")
+    assert not Node.objects.filter(hostname="old-capture").exists()
+
+
+def test_a_deleted_nodes_registration_replayed_does_not_bring_it_back(stack, cluster, rogue):
+    key, token = signing.NodeKey.generate(), join_token("alpha/h100-pod")
+    captured = registration(key, "alpha/h100-pod", "gone", token)
+    rogue(protocol.REGISTER_NODE, captured)
+    node = wait_for(node_online("gone"), 30, "the node to join")
+    node.delete()  # as a team admin deletes it in the admin
+    rogue(protocol.REGISTER_NODE, captured)  # the same bytes again, within their age and the token's life
+    rogue(protocol.REGISTER_NODE, registration(key, "alpha/h100-pod", "gone", token))  # or signed afresh
+    row = wait_for(rejected("signed by the key of a deleted node"), 30, "the replay to be refused")
+    wait_for(lambda: RejectedNodeMessage.objects.get(pk=row.pk).count == 2, 30, "both to be refused")
+    assert not Node.objects.filter(hostname="gone").exists()
+
+
+def test_what_the_control_plane_stores_of_a_join_token_cannot_join_a_node(stack, cluster, rogue):
+    """A reader of the join-token table (a database dump, the admin) has the token's id and its verifying key; with
+    it, neither the old HMAC proof nor a signature by a key made from it passes."""
+    import hashlib
+    import hmac
+
+    token = JoinToken.objects.get(token_id=join_token("alpha/h100-pod").split(".")[0])
+    key = signing.NodeKey.generate()
+    payload, signature, _, _ = registration(key, "alpha/h100-pod", "from-a-dump")
+    as_hmac = hmac.new(base64_bytes(token.verify_key), payload.encode(), hashlib.sha256).hexdigest()
+    as_secret = signing.token_proof(token.token_id, token.verify_key, payload)  # the verifier taken for the secret
+    for proof in (as_hmac, as_secret, token.verify_key):
+        rogue(protocol.REGISTER_NODE, [payload, signature, token.token_id, proof])
+    wait_for(lambda: getattr(RejectedNodeMessage.objects.filter(reason="join token unknown or its proof is wrong")
+                             .first(), "count", 0) == 3, 30, "the three proofs to be refused")
+    assert not Node.objects.filter(hostname="from-a-dump").exists()
+    assert JoinToken.objects.get(pk=token.pk).uses == 0
+
+
+def base64_bytes(text: str) -> bytes:
+    import base64
+
+    return base64.b64decode(text)
+
+
+# --- the node's side, without workers ------------------------------------------------------------------------
+
+
+def test_a_node_pins_the_control_key_it_joined_with_and_refuses_to_start_with_another(tmp_path):
+    import subprocess
+    import sys
+
+    from workers import control_trust
+
+    first, second = signing.ControlKey.generate().public_key, signing.ControlKey.generate().public_key
+    with pytest.raises(control_trust.ControlKeyError, match="no control-plane key"):
+        control_trust.pinned_control_key(tmp_path, "")
+    assert control_trust.pinned_control_key(tmp_path, first) == first
+    assert control_trust.pinned_control_key(tmp_path, "") == first  # a restart needs it no more
+    assert oct((tmp_path / control_trust.PIN_FILE).stat().st_mode & 0o777) == "0o600"
+    with pytest.raises(control_trust.ControlKeyError, match="differs from the one this node pinned"):
+        control_trust.pinned_control_key(tmp_path, second)
+    with pytest.raises(control_trust.ControlKeyError, match="is not a control-plane key"):
+        control_trust.pinned_control_key(tmp_path, "not-a-key")
+    # The worker itself stops before it reaches the broker.
+    state = tmp_path / "state"
+    started = [sys.executable, "-m", "workers.node", "--broker", "redis://127.0.0.1:1/0", "--cluster", "alpha/pod",
+               "--hostname", "pinned", "--state-dir", str(state)]
+    env = {**os.environ, "D0_CONTROL_KEY": ""}
+    (state / protocol.node_queue("alpha/pod", "pinned")).mkdir(parents=True)
+    (state / protocol.node_queue("alpha/pod", "pinned") / control_trust.PIN_FILE).write_text(first)
+    refused = subprocess.run([*started, "--control-key", second], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=120)
+    assert refused.returncode == 2 and "differs from the one this node pinned" in refused.stderr
+
+
+def test_a_sealed_parameter_opens_only_on_its_node_for_its_stage_run(tmp_path):
+    from workers import sealing
+
+    mine = sealing.SealingKey.load_or_create(tmp_path / "mine.seal")
+    theirs = sealing.SealingKey.load_or_create(tmp_path / "theirs.seal")
+    box = sealing.seal(mine.public_key, "sk-secret", sealing.context(7, "node-a", "api_key"))
+    assert "sk-secret" not in str(box) and sealing.is_sealed(box)
+    assert mine.open(box, sealing.context(7, "node-a", "api_key")) == "sk-secret"
+    for key, context in ((theirs, sealing.context(7, "node-a", "api_key")),  # another node's key
+                         (mine, sealing.context(8, "node-a", "api_key")),  # another stage run
+                         (mine, sealing.context(7, "node-b", "api_key"))):  # addressed to another node
+        with pytest.raises(sealing.SealError):
+            key.open(box, context)
+    assert sealing.SealingKey.load_or_create(tmp_path / "mine.seal").public_key == mine.public_key
+
+
+def test_a_node_reports_nothing_for_a_message_it_cannot_trust_and_fails_an_authentic_one_past_its_expiry(
+        tmp_path, monkeypatch):
+    import json
+
+    from workers import control_trust, node, outbox
+
+    sent = []
+    node_key, control_key = signing.NodeKey.generate(), signing.ControlKey.generate()
+    monkeypatch.setattr(node, "identity", node.Identity(key=node_key, outbox=outbox.Outbox(tmp_path / "outbox")))
+    monkeypatch.setattr(control_trust, "trust", control_trust.ControlTrust(control_key.public_key, node_key.key_id))
+    monkeypatch.setattr(node, "_sender", lambda *args, **kwargs: lambda task, message: sent.append(
+        (task, json.loads(message[1]))))
+    monkeypatch.setattr(node, "run_engine_stage", lambda *args, **kwargs: pytest.fail("a stage ran"))
+    stranger = signing.ControlKey.generate()  # another d0's control plane, or a rogue's key
+    for message, task_id in ((stranger.message(protocol.RUN_STAGE, node_key.key_id, [7, "env_probe", {}],
+                                               max_age=60, id="t1"), "t1"),
+                             ([7, "env_probe", {}], "t2")):
+        node.run_stage.apply(args=message, task_id=task_id)
+    assert sent == []
+    expired = control_key.message(protocol.RUN_STAGE, node_key.key_id, [8, "env_probe", {}], max_age=-1, id="t3")
+    node.run_stage.apply(args=expired, task_id="t3")
+    [(task, report)] = sent
+    assert task == protocol.STAGE_FINISHED and report["args"][:2] == [8, False]
+    assert "waited in the node's queue past its expiry" in report["args"][3]

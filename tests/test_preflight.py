@@ -44,7 +44,7 @@ def test_an_env_check_stage_is_told_how_many_devices_the_cluster_expects(cluster
                                                                          django_capture_on_commit_callbacks):
     run_job(cluster, owner, "env_check", django_capture_on_commit_callbacks)
     [task] = [task for task in broker.sent if task["name"] == protocol.RUN_STAGE]
-    assert task["args"][1:] == ["env_check", {"expected_devices_per_node": 8}]
+    assert task["signed"]["args"][1:] == ["env_check", {"expected_devices_per_node": 8}]
 
 
 def test_a_failed_check_is_stored_and_said_in_the_job_log(cluster, owner, node, broker, report_expecting_eight,

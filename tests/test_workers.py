@@ -106,6 +106,7 @@ def test_cancel_retry_cancel_leaves_the_node_taking_new_work(stack, cluster, mem
 
 def test_a_stage_message_delivered_again_is_not_run_twice(stack, cluster, member_api):
     """A killed stage's message comes back (acks_late) and ran again for a job long failed."""
+    from adaptation import control_messages
     from adaptation.jobs.services import celery_app
     from workers import protocol
 
@@ -115,8 +116,9 @@ def test_a_stage_message_delivered_again_is_not_run_twice(stack, cluster, member
     job = wait_for(job_status(response.json()["id"], "succeeded", "failed"), 60, "the job")
     run = job.stage_runs.get()
     # The same message again, as the broker redelivers it: same task id, same arguments
-    celery_app().send_task(protocol.RUN_STAGE, args=[run.pk, "env_probe", {}], queue=node.queue_name,
-                           task_id=run.celery_task_id)
+    celery_app().send_task(protocol.RUN_STAGE, args=control_messages.stage_message(run.pk, "env_probe", {}, node,
+                                                                                  run.celery_task_id),
+                           queue=node.queue_name, task_id=run.celery_task_id)
     wait_for(lambda: "was delivered again after this node started it" in stack.logs(), 30, "the node to drop it")
     assert f"stage run {run.pk} (task {run.celery_task_id})" in stack.logs()
 
@@ -140,11 +142,12 @@ def test_an_instant_stage_is_reported_by_its_finished_report_alone(tmp_path, mon
     import json
     import time
 
-    from workers import node, outbox, protocol, signing
+    from workers import control_trust, node, outbox, protocol, signing
 
     sent = []
-    monkeypatch.setattr(node, "identity", node.Identity(key=signing.NodeKey.generate(),
-                                                        outbox=outbox.Outbox(tmp_path / "outbox")))
+    node_key, control_key = signing.NodeKey.generate(), signing.ControlKey.generate()
+    monkeypatch.setattr(node, "identity", node.Identity(key=node_key, outbox=outbox.Outbox(tmp_path / "outbox")))
+    monkeypatch.setattr(control_trust, "trust", control_trust.ControlTrust(control_key.public_key, node_key.key_id))
     monkeypatch.setattr(node, "_sender", lambda *args, **kwargs: lambda task, message: sent.append(
         (task, json.loads(message[1]))))
 
@@ -154,7 +157,8 @@ def test_an_instant_stage_is_reported_by_its_finished_report_alone(tmp_path, mon
         return {"ran": kind}
 
     monkeypatch.setattr(node, "run_engine_stage", stage)
-    node.run_stage.apply(args=[7, kind, {}])
+    node.run_stage.apply(args=control_key.message(protocol.RUN_STAGE, node_key.key_id, [7, kind, {}], max_age=60,
+                                                  id="task-7"), task_id="task-7")
     tasks = [task for task, _ in sent]
     if kind == "env_probe":
         assert tasks == [protocol.STAGE_PROGRESS, protocol.STAGE_FINISHED]

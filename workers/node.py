@@ -2,12 +2,14 @@
 
 Join a node to a cluster with one command (the cluster page shows it with the right names and a fresh token)::
 
-    D0_JOIN_TOKEN=abcd1234.0123… python -m workers.node --broker redis://control-plane:6379/0 --cluster team/cluster
+    D0_JOIN_TOKEN=abcd1234.0123… python -m workers.node --broker redis://control-plane:6379/0 --cluster team/cluster \
+        --control-key <the control plane's public key>
 
 At its first start the worker makes the node's own key pair in ``--state-dir`` and registers the node (hostname,
 host facts, devices, public key) with a proof of the join token; from then on every message it sends is signed
-with that key (workers/signing.py), and a restart needs no token. It sends a heartbeat every ``--heartbeat``
-seconds (on the heartbeat queue), consumes only its own queue, and answers no remote-control command but ``revoke``.
+with that key (workers/signing.py), and a restart needs no token. It pins the control plane's key and obeys only
+what that key signed for it (workers/control_trust.py). It sends a heartbeat every ``--heartbeat`` seconds (on the
+heartbeat queue), consumes only its own queue, and answers no remote-control command but a signed ``revoke``.
 A stage's started and finished reports that the broker refuses wait in the node's outbox (workers/outbox.py) until
 it answers again; progress reports are best-effort.
 """
@@ -32,7 +34,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.worker.request import Request
 
 from . import broker_fix  # noqa: F401 - a broker restart must not stop the node worker
-from . import protocol, signing, stage_memory
+from . import control_trust, protocol, signing, stage_memory
 from .engine.envcheck.probe import probe_devices, probe_host
 from .engine.serving import endpoint_guard
 from .engine.serving.engines import configured_engines, parse_engines
@@ -81,12 +83,14 @@ def key_path(state_dir: Path, cluster_ref: str, hostname: str) -> Path:
 
 
 def configure(broker_url: str, cluster_ref: str, hostname: str, heartbeat_interval: float, *,
-              state_dir: Path, join_token: str = "") -> None:
+              state_dir: Path, join_token: str = "", control_key: str = "") -> None:
+    """ControlKeyError when the control plane's key is missing or not the one this node pinned."""
     identity.cluster_ref = cluster_ref
     identity.hostname = hostname
     identity.queue = protocol.node_queue(cluster_ref, hostname)
     identity.heartbeat_interval = heartbeat_interval
     identity.key, created = signing.NodeKey.load_or_create(key_path(state_dir, cluster_ref, hostname))
+    control_trust.configure(state_dir, identity.queue, identity.key, control_key)
     identity.delivered = Delivered(state_dir / identity.queue)
     identity.outbox = Outbox(state_dir / identity.queue / "outbox")
     identity.join_token = join_token
@@ -153,23 +157,28 @@ def finished_runs_kept(outbox: Outbox) -> list[int]:
 
 def registration(host: dict, devices: list[dict], finished_runs: list[int] = ()) -> list[str]:
     """The registration's arguments: [payload, signature, token id, token proof]. The token's secret is never
-    sent: it keys an HMAC of the payload, which the control plane checks against the token it keeps.
+    sent: a key derived from it signs the payload, which the control plane checks with the public half it keeps.
     ``finished_runs``: the stage runs whose finished reports this start sends just before, from its outbox, so the
     control plane leaves them to their report instead of failing them as cut short by the restart."""
     payload = signing.encode_payload({"task": protocol.REGISTER_NODE, "ts": time.time(),
                                       "cluster": identity.cluster_ref, "hostname": identity.hostname,
                                       "public_key": identity.key.public_key, "host_facts": host, "devices": devices,
-                                      "finished_runs": list(finished_runs)})
+                                      "finished_runs": list(finished_runs),
+                                      **control_trust.registration_fields()})
     token_id = proof = ""
     if identity.join_token:
         token_id, secret = signing.split_join_token(identity.join_token)
-        proof = signing.token_proof(signing.token_key(secret), payload)
+        proof = signing.token_proof(token_id, secret, payload)
     return [payload, identity.key.sign(payload), token_id, proof]
 
 
 @app.task(name=protocol.RUN_STAGE, bind=True)
-def run_stage(self, stage_run_id: int, kind: str, params: dict) -> None:
-    if identity.delivered is not None and not identity.delivered.first_delivery(self.request.id):
+def run_stage(self, *message) -> None:
+    stage = control_trust.stage_message(message, self.request.id)
+    if stage is None:
+        return  # not the control plane's message for this node: nothing in it is run or reported
+    stage_run_id, kind = stage.stage_run_id, stage.kind
+    if identity.delivered is not None and not identity.delivered.first_delivery(stage.task_id):
         # Started here before, by a worker that died mid-stage: the control plane failed that run already.
         logger.warning("stage run %s (task %s) was delivered again after this node started it; not run twice",
                        stage_run_id, self.request.id)
@@ -194,7 +203,8 @@ def run_stage(self, stage_run_id: int, kind: str, params: dict) -> None:
         report(protocol.STAGE_FINISHED, stage_run_id, *outcome, ran_for=round(time.monotonic() - clock, 6))
 
     try:
-        result = run_engine_stage(kind, params or {}, progress, data_roots=identity.data_roots)
+        result = run_engine_stage(kind, control_trust.stage_parameters(stage), progress,
+                                  data_roots=identity.data_roots)
     except SoftTimeLimitExceeded:
         finished(False, None, f"stage {kind} ran past its time limit ({STAGE_SOFT_TIME_LIMIT}s)",
                  traceback.format_exc())
@@ -340,6 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--token", default=os.environ.get("D0_JOIN_TOKEN", ""),
                         help="the cluster's join token, needed at the node's first start only (default: "
                              "$D0_JOIN_TOKEN; the environment keeps it out of the process list)")
+    parser.add_argument("--control-key", default=os.environ.get("D0_CONTROL_KEY", ""),
+                        help="the control plane's public key, as the cluster page's join command shows it; pinned "
+                             "in --state-dir at the first start, and a different one refused after (default: "
+                             "$D0_CONTROL_KEY)")
     parser.add_argument("--state-dir", type=Path,
                         default=Path(os.environ.get("D0_NODE_STATE_DIR") or Path.home() / ".local/state/d0-node"),
                         help="where the node keeps its private key (default: $D0_NODE_STATE_DIR or "
@@ -373,8 +387,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--token: {error}")
     if args.address:
         os.environ["D0_NODE_ADDRESS"] = args.address  # read by the probe the registration sends
-    configure(args.broker, args.cluster, args.hostname, args.heartbeat, state_dir=args.state_dir,
-              join_token=args.token)
+    try:
+        configure(args.broker, args.cluster, args.hostname, args.heartbeat, state_dir=args.state_dir,
+                  join_token=args.token, control_key=args.control_key)
+    except control_trust.ControlKeyError as error:
+        parser.error(f"--control-key: {error}")
     identity.data_roots = tuple(os.path.realpath(root) for root in args.data_roots)
     try:
         parse_engines(args.engines)
@@ -390,12 +407,12 @@ def main(argv: list[str] | None = None) -> int:
         stage_memory.configure(stage_memory.parse_limit(args.stage_memory))
     except ValueError as error:
         parser.error(f"--stage-memory: {error}")
-    allow_only(NODE_COMMANDS)
+    allow_only(NODE_COMMANDS, {"revoke": control_trust.revoke_is_signed})
     import_stage_code()
     app.worker_main([
         "worker",
         "--queues", identity.queue,
-        "--hostname", f"{identity.queue}@{args.hostname}",
+        "--hostname", protocol.node_worker_name(identity.queue, args.hostname),
         "--concurrency", str(args.concurrency),
         "--loglevel", args.loglevel,
         "--without-gossip",

@@ -20,6 +20,10 @@ CHECK_LIVENESS = "d0.control.check_liveness"
 
 # Node-side task (run by the worker on one node's own queue).
 RUN_STAGE = "d0.node.run_stage"
+# What the control plane signs when it cancels a node's running stages: Celery's remote-control ``revoke``, which a
+# node obeys only with that signature in this extra argument (workers/control_trust.py).
+CANCEL_STAGE = "d0.node.cancel_stage"
+SIGNED_ARGUMENT = "d0_signed"
 
 DEFAULT_CONTROL_QUEUE = "d0.control"
 
@@ -52,3 +56,8 @@ def node_queue(cluster_ref: str, hostname: str) -> str:
     parts = [_slug(part) for part in cluster_ref.split("/")]
     return ".".join(["d0", "node", *parts, _slug(hostname)])
 
+
+
+def node_worker_name(queue: str, hostname: str) -> str:
+    """The Celery worker name of a node (its mailbox's address for a remote-control command)."""
+    return f"{queue}@{hostname}"

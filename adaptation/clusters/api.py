@@ -8,7 +8,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
-from .. import filtersets
+from .. import control_messages, filtersets
 from ..api.base import TeamField, TeamScopedRelatedField, TeamScopedViewSet, ValidatedModelSerializer
 from ..models import Cluster, Device, EnvReport, JoinToken, Link, Node
 from ..teams.services import is_team_admin
@@ -123,7 +123,7 @@ class JoinTokenViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Re
                                                description=serializer.validated_data.get("description", ""))
         token.token = whole
         token.join_command = (f"D0_JOIN_TOKEN={whole} python -m workers.node --broker redis://CONTROL-PLANE:6379/0 "
-                              f"--cluster {cluster.join_name}")
+                              f"--cluster {cluster.join_name} --control-key {control_messages.public_key()}")
         data = NewJoinTokenSerializer(token, context=self.get_serializer_context()).data
         response = Response(data, status=status.HTTP_201_CREATED)
         response["Cache-Control"] = "no-store"

@@ -9,6 +9,7 @@ from django.db.models import Count, Prefetch, Q
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from .. import control_messages
 from ..choices import JobStatus
 from ..jobs import services as jobs
 from ..jobs.pages import job_table_rows
@@ -45,6 +46,7 @@ def _detail(request, cluster, **extra):
         "token_form": extra.pop("token_form", None) or JoinTokenForm(),
         "rejected": services.rejected_messages(cluster),
         "broker": services.node_broker_hint(),
+        "control_key": control_messages.public_key(),
         **extra,
     })
 

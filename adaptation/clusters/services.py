@@ -34,7 +34,8 @@ def rejected_messages(cluster: Cluster) -> list[dict]:
 
 
 def register_node(cluster: Cluster, hostname: str, host_facts: dict, devices: list[dict], *, node: Node | None = None,
-                  public_key: str = "", key_id: str | None = None, signed_ts: float = 0.0) -> Node:
+                  public_key: str = "", key_id: str | None = None, signed_ts: float = 0.0,
+                  sealing_key: str = "") -> Node:
     """Create or update a node from its registration (``trust.register`` has checked who sent it): online unless
     draining, its queue named by the control plane, host facts and devices as reported, its key bound. The stages
     its old worker left running are settled by the control task that took the registration
@@ -49,6 +50,7 @@ def register_node(cluster: Cluster, hostname: str, host_facts: dict, devices: li
     node.host_facts = with_checked_engines(host_facts)
     if key_id:
         node.public_key, node.key_id = public_key, key_id
+    node.sealing_key = sealing_key
     node.last_signed_ts = max(node.last_signed_ts, signed_ts)
     with transaction.atomic():
         node.save()

@@ -4,13 +4,15 @@ message verified before anything in it is applied (``workers/signing.py`` says h
 What is checked, in order: the message has the signed shape; its key belongs to a registered node (or, for a
 registration, the registration proves a join token of that very cluster, or is signed by the key already bound to
 that hostname); the signature covers the exact payload; the payload names the task it was sent as. Registrations,
-heartbeats and leaves must also be newer than the last one accepted from the node (a replay is not applied).
+heartbeats and leaves must also be newer than the last one accepted from the node (a replay is not applied); a
+registration must also be younger than ``D0_NODE_MESSAGE_MAX_AGE`` and not signed by a deleted node's key.
 Which stage run a report may touch is checked where the report is applied (``jobs.services``). Whatever fails is
 dropped, logged and counted per cluster (``RejectedNodeMessage``, shown on the cluster page), never applied.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import time
@@ -25,7 +27,7 @@ from django.utils import timezone
 from workers import protocol, signing
 
 from ..errors import Rejected, UnknownKey
-from ..models import Cluster, JoinToken, Node, RejectedNodeMessage
+from ..models import Cluster, JoinToken, Node, RejectedNodeMessage, RetiredNodeKey
 from .services import register_node
 
 logger = logging.getLogger(__name__)
@@ -47,7 +49,8 @@ def create_join_token(cluster: Cluster, user, *, hours: float | None = None, des
     """A new join token for ``cluster`` and the whole token, ``<id>.<secret>``, which is shown this once."""
     token_id, secret = signing.new_join_token()
     hours = settings.D0_JOIN_TOKEN_HOURS if hours is None else hours
-    token = JoinToken.objects.create(cluster=cluster, token_id=token_id, secret_sha256=signing.token_key(secret),
+    token = JoinToken.objects.create(cluster=cluster, token_id=token_id,
+                                     verify_key=signing.token_verify_key(token_id, secret),
                                      description=description[:200], created_by=user,
                                      expires=timezone.now() + timedelta(hours=hours))
     return token, f"{token_id}.{secret}"
@@ -195,6 +198,7 @@ def _register(payload: str, signature: str, token_id: str, proof: str) -> Regist
     if not isinstance(finished_runs, list) or len(finished_runs) > protocol.MAX_FINISHED_RUNS or not all(
             type(run) is int for run in finished_runs):  # bool is an int subclass: not a stage run id
         raise Rejected("registration's finished runs are malformed", detail=detail)
+    sealing_key = _sealing_key(claim, detail)
     try:
         signing.verify(public_key, payload, signature)
     except signing.SignatureError:
@@ -202,6 +206,7 @@ def _register(payload: str, signature: str, token_id: str, proof: str) -> Regist
     cluster = _cluster(cluster_ref, detail)
     data = _payload(payload, task, cluster)
     key_id = signing.key_id(public_key)
+    _fresh_and_not_retired(data["ts"], key_id, cluster, detail)
     with transaction.atomic():
         node = Node.objects.select_for_update().filter(cluster=cluster, hostname=hostname).first()
         token = None
@@ -216,13 +221,35 @@ def _register(payload: str, signature: str, token_id: str, proof: str) -> Regist
             raise Rejected("replayed registration", cluster, detail)
         try:
             node = register_node(cluster, hostname, host_facts, devices, node=node, public_key=public_key,
-                                 key_id=key_id, signed_ts=float(data["ts"]))
+                                 key_id=key_id, signed_ts=float(data["ts"]), sealing_key=sealing_key)
         except IntegrityError:
             raise Rejected("this key is already bound to another node", cluster, detail) from None
         if token is not None:
             JoinToken.objects.filter(pk=token.pk).update(uses=F("uses") + 1, last_used=timezone.now())
             logger.info("node %s joined %s with join token %s", hostname, cluster.join_name, token.token_id)
     return Registration(node, float(data["ts"]), finished_runs)
+
+
+def _sealing_key(claim: dict, detail: str) -> str:
+    """The X25519 key the node's secrets are sealed to (base64); empty from a node worker older than sealing."""
+    sealing_key = claim.get("sealing_key", "")
+    try:
+        if not isinstance(sealing_key, str) or sealing_key and len(base64.b64decode(sealing_key, validate=True)) != 32:
+            raise ValueError
+    except ValueError:
+        raise Rejected("registration's sealing key is malformed", detail=detail) from None
+    return sealing_key
+
+
+def _fresh_and_not_retired(signed_ts: float, key_id: str, cluster: Cluster, detail: str) -> None:
+    """A registration is taken only when it was sent lately (a captured one replayed later is not) and its key is
+    not a deleted node's (one replayed while its join token is still valid does not bring the node back)."""
+    if signed_ts < time.time() - settings.D0_NODE_MESSAGE_MAX_AGE:
+        raise Rejected("registration older than D0_NODE_MESSAGE_MAX_AGE", cluster,
+                       f"{detail}; if a node of yours sent it (the control plane was away that long), restart it")
+    if RetiredNodeKey.objects.filter(key_id=key_id).exists():
+        raise Rejected("signed by the key of a deleted node", cluster,
+                       f"{detail}; to join again, remove the node's key file in its --state-dir and use a new token")
 
 
 def _cluster(reference: str, detail: str) -> Cluster:
@@ -237,7 +264,7 @@ def _usable_token(cluster: Cluster, token_id: str, payload: str, proof: str, det
     if not token_id:
         raise Rejected("new node without a join token", cluster, detail)
     token = JoinToken.objects.filter(token_id=token_id).first()
-    if token is None or not signing.check_token_proof(token.secret_sha256, payload, proof):
+    if token is None or not signing.check_token_proof(token.verify_key, payload, proof):
         raise Rejected("join token unknown or its proof is wrong", cluster, detail)
     if token.cluster_id != cluster.pk:
         raise Rejected("join token of another cluster", cluster, detail)

@@ -283,5 +283,5 @@ def _send_again(run: StageRun) -> bool:
     AdaptationJob.objects.filter(pk=job.pk).update(log=log_lines(
         f"stage {run.kind} on {run.node_name}: queued past {settings.D0_RECONCILE_AFTER:g}s on an idle node, its "
         "message sent again"))
-    transaction.on_commit(partial(send_stage, run, run.kind, params, run.node.queue_name, run.celery_task_id))
+    transaction.on_commit(partial(send_stage, run, run.kind, params, run.node, run.celery_task_id))
     return True

@@ -20,6 +20,7 @@ from kombu.exceptions import OperationalError as BrokerError
 from workers import protocol
 
 from . import sql
+from .. import control_messages
 from ..choices import ACTIVE_STATUSES, JobStatus
 from ..errors import Conflict
 from ..models import AdaptationJob, Node, StageRun
@@ -36,10 +37,19 @@ def celery_app():
     return app
 
 
-def _revoke_on_commit(task_ids: Iterable[str], terminate: bool) -> None:
-    ids = [task_id for task_id in task_ids if task_id]
-    if ids:
-        transaction.on_commit(partial(celery_app().control.revoke, ids, terminate=terminate))
+def _cancel_on_commit(runs: Iterable[StageRun]) -> None:
+    """Once the transaction commits, each node running one of ``runs`` is told (a signed revoke to its mailbox,
+    ``control_messages.revoke``) to stop them."""
+    by_node: dict[int, tuple[Node, list[str]]] = {}
+    for run in runs:
+        if run.node is not None and run.celery_task_id:
+            by_node.setdefault(run.node.pk, (run.node, []))[1].append(run.celery_task_id)
+    for node, task_ids in by_node.values():
+        transaction.on_commit(partial(_broadcast_revoke, node, task_ids))
+
+
+def _broadcast_revoke(node: Node, task_ids: list[str]) -> None:
+    celery_app().control.broadcast("revoke", **control_messages.revoke(node, task_ids))
 
 
 def job_rows(user):
@@ -108,9 +118,9 @@ def cancel_job(job: AdaptationJob, user) -> AdaptationJob:
 def _stop_stage_runs(job: AdaptationJob, error: str = "") -> None:
     """Cancel every still-active stage run of a job and revoke its node task (killing it if it runs)."""
     runs = StageRun.objects.filter(job=job).active()
-    task_ids = list(runs.values_list("celery_task_id", flat=True))
+    stopped = list(runs.select_related("node").only("celery_task_id", "node"))
     runs.cancel(error=error)
-    _revoke_on_commit(task_ids, terminate=True)
+    _cancel_on_commit(stopped)
 
 
 @transaction.atomic
@@ -203,19 +213,26 @@ def advance(job: AdaptationJob, runs: list[StageRun], notes: list[str], online: 
         runs.append(run)
         notes.append(f"stage {kind} queued on {node.hostname}")
         # The run's id is known once the batch is answered, which the COMMIT waits for.
-        transaction.on_commit(partial(_send_run, inserted, kind, params, node.queue_name, run.celery_task_id))
+        transaction.on_commit(partial(_send_run, inserted, kind, params, node, run.celery_task_id))
     _save_job(job, notes, progress=_job_progress(job, runs))
 
 
-def _send_run(inserted: sql.Pending, kind: str, params: dict, queue: str, task_id: str) -> None:
-    send_stage(inserted.one(), kind, params, queue, task_id)
+def _send_run(inserted: sql.Pending, kind: str, params: dict, node: Node, task_id: str) -> None:
+    send_stage(inserted.one(), kind, params, node, task_id)
 
 
-def send_stage(run: StageRun, kind: str, params: dict, queue: str, task_id: str) -> None:
-    """A committed stage run's message to its node. One the broker would not take (it stayed away past Celery's own
-    retries) would leave the run queued with nothing to run it, for ever: its job fails now, with that reason."""
+def send_stage(run: StageRun, kind: str, params: dict, node: Node, task_id: str) -> None:
+    """A committed stage run's message to its node, signed for it with its secrets sealed to it
+    (``control_messages``). One the broker would not take (it stayed away past Celery's own retries) would leave
+    the run queued with nothing to run it, for ever: its job fails now, with that reason; so does one whose secrets
+    cannot be sealed to the node."""
     try:
-        celery_app().send_task(protocol.RUN_STAGE, args=[run.pk, kind, params], queue=queue, task_id=task_id)
+        message = control_messages.stage_message(run.pk, kind, params, node, task_id)
+    except control_messages.Unsealable as problem:
+        fail_stage_run(run, f"Stage {kind} could not be sent to {run.node_name}: {problem}.")
+        return
+    try:
+        celery_app().send_task(protocol.RUN_STAGE, args=message, queue=node.queue_name, task_id=task_id)
     except BrokerError as problem:
         logger.warning("stage run %s could not be sent: %s", run.pk, problem)
         fail_stage_run(run, f"Stage {kind} could not be sent to {run.node_name}: the message broker did not take it "

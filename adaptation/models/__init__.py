@@ -1,4 +1,4 @@
-from .clusters import Cluster, Device, JoinToken, Link, Node, RejectedNodeMessage
+from .clusters import Cluster, Device, JoinToken, Link, Node, RejectedNodeMessage, RetiredNodeKey
 from .coverage import CoverageReport, OperatorRecord, VirtualBackend
 from .health import ControlWorker
 from .jobs import AdaptationJob, StageRun
@@ -23,6 +23,7 @@ __all__ = [
     "Node",
     "OperatorRecord",
     "RejectedNodeMessage",
+    "RetiredNodeKey",
     "ServingEndpoint",
     "StageRun",
     "Team",

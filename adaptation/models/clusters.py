@@ -1,6 +1,8 @@
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
+from django.db.models.signals import post_delete
+from django.dispatch import receiver
 from django.utils import timezone
 
 from ..choices import DeviceKind, InterconnectKind, NodeStatus
@@ -64,6 +66,9 @@ class Node(models.Model):
     # sends is signed with the private half, which never leaves the node (workers/signing.py).
     public_key = models.CharField(max_length=64, blank=True, editable=False)
     key_id = models.CharField(max_length=32, null=True, blank=True, unique=True, editable=False)
+    # The node's X25519 public key, sent in its registration: a stage's secret parameters are sealed to it, so
+    # they cross the broker as ciphertext only this node opens (workers/sealing.py).
+    sealing_key = models.CharField(max_length=64, blank=True, editable=False)
     # Send time (the node's clock) of the newest registration, heartbeat or leave accepted: an older one is a
     # replay and is not applied.
     last_signed_ts = models.FloatField(default=0.0, editable=False)
@@ -147,12 +152,13 @@ class JoinTokenQuerySet(TeamOwnedQuerySet):
 
 class JoinToken(models.Model):
     """A cluster's bootstrap token (kubeadm's idea): a node presents it once, at its first registration, and is
-    bound to its own key from then on. Only the token's id and the SHA-256 of its secret are kept; the whole token
-    is shown once, when a team admin makes it."""
+    bound to its own key from then on. Only the token's id and the public half of a key derived from its secret are
+    kept (which checks a node's proof and cannot make one); the whole token is shown once, when a team admin makes
+    it. A token made before d0 kept that key has none and joins nothing: make a new one."""
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="join_tokens")
     token_id = models.CharField(max_length=16, unique=True)
-    secret_sha256 = models.CharField(max_length=64, editable=False)
+    verify_key = models.CharField(max_length=64, blank=True, editable=False)
     description = models.CharField(max_length=200, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="+")
@@ -200,3 +206,23 @@ class RejectedNodeMessage(models.Model):
 
     def __str__(self):
         return f"{self.task}: {self.reason} ×{self.count}"
+
+
+class RetiredNodeKey(models.Model):
+    """The key of a node that was deleted: a registration signed with it is refused, so a captured registration
+    replayed (even with a join token still valid) cannot bring the node back. The machine joins again with a new
+    key (its key file removed) and a new token."""
+
+    key_id = models.CharField(max_length=32, unique=True)
+    hostname = models.CharField(max_length=255, blank=True)
+    retired = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self):
+        return f"{self.key_id} ({self.hostname})"
+
+
+@receiver(post_delete, sender=Node)
+def _retire_key(sender, instance: Node, **kwargs) -> None:
+    """However a node goes (the admin, its cluster deleted), its key is remembered."""
+    if instance.key_id:
+        RetiredNodeKey.objects.get_or_create(key_id=instance.key_id, defaults={"hostname": instance.hostname})

@@ -44,6 +44,9 @@ class Parameter:
     max_items: int | None = None
     nullable: bool = False
     set_by: str = "user"  # or "control": only the control plane gives it
+    # A credential (an endpoint's API key): sealed to the node that runs the stage (workers/sealing.py), so it never
+    # crosses the broker in the clear, and opened on that node just before the stage runs.
+    secret: bool = False
     # A further check of the whole value (the engine's own parser of a grid or a workload); raises ValueError.
     check: Callable[[Any], Any] | None = field(default=None, compare=False)
 

@@ -20,7 +20,7 @@ from .parameters import MAX_DEPTH, Parameter, ParameterError, nesting_depth, use
 from .stage_spec import Progress, Stage, StageSpec
 
 __all__ = ["NODES", "STAGES", "Progress", "Stage", "StageSpec", "check_job_parameters", "describe_parameters",
-           "parameters_json_schema", "path_parameters", "register", "run_stage"]
+           "parameters_json_schema", "path_parameters", "register", "run_stage", "secret_parameters"]
 
 # The capability packages that declare stages, in the order a whole adaptation runs them.
 CAPABILITIES = ("envcheck", "coverage", "sharding", "sweep", "serving")
@@ -88,6 +88,10 @@ def check_job_parameters(stages: list[str], parameters) -> dict:
 
 def path_parameters(kind: str) -> list[str]:
     return [parameter.name for parameter in _spec(kind).parameters if parameter.kind == "path"]
+
+
+def secret_parameters(kind: str) -> list[str]:
+    return [parameter.name for parameter in _spec(kind).parameters if parameter.secret]
 
 
 def describe_parameters() -> dict[str, list[dict]]:

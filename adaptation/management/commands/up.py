@@ -16,6 +16,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
+from adaptation import control_messages
 from adaptation.clusters.trust import create_join_token
 from adaptation.models import Cluster
 from d0web import embedded_broker
@@ -96,7 +97,8 @@ class Command(BaseCommand):
         if not no_node:
             commands["node"] = [sys.executable, "-m", "workers.node", "--broker", settings.D0_BROKER_URL,
                                 "--cluster", f"{DEMO_TEAM}/{LOCAL_CLUSTER}", "--heartbeat",
-                                str(settings.D0_HEARTBEAT_INTERVAL), "--state-dir", str(var / "node")]
+                                str(settings.D0_HEARTBEAT_INTERVAL), "--state-dir", str(var / "node"),
+                                "--control-key", control_messages.public_key()]
             # The local node joins like any other: with a join token (short-lived; its key is kept in var/node, so
             # later starts need none), given through the environment rather than the process list.
             cluster = Cluster.objects.get(team__slug=DEMO_TEAM, name=LOCAL_CLUSTER)

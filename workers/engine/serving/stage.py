@@ -55,7 +55,7 @@ ENDPOINT_PARAMETERS = (
     Parameter("served_model", "str", "the model name the endpoint serves, from the stored endpoint",
               set_by="control"),
     Parameter("api_key", "str", "the endpoint's API key, decrypted from the stored endpoint", set_by="control",
-              nullable=True),
+              nullable=True, secret=True),
     Parameter("concurrency", "list", "requests in flight, one trial per value", default=[1, 4],
               max_items=MAX_CONCURRENCIES, item=Parameter("concurrency", "int", "requests in flight", minimum=1,
                                                            maximum=MAX_IN_FLIGHT)),

@@ -67,6 +67,9 @@ class Node(models.Model):
     # Send time (the node's clock) of the newest registration, heartbeat or leave accepted: an older one is a
     # replay and is not applied.
     last_signed_ts = models.FloatField(default=0.0, editable=False)
+    # SHA-256 of the node's broker password (made on the node, sent in its registration): the control plane makes
+    # the node's broker user from it, and makes it again when the broker lost it (clusters/broker_users.py).
+    broker_password_sha256 = models.CharField(max_length=64, blank=True, default="", editable=False)
 
     objects = NodeQuerySet.as_manager()
 

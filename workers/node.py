@@ -6,10 +6,11 @@ Join a node to a cluster with one command (the cluster page shows it with the ri
 
 At its first start the worker makes the node's own key pair in ``--state-dir`` and registers the node (hostname,
 host facts, devices, public key) with a proof of the join token; from then on every message it sends is signed
-with that key (workers/signing.py), and a restart needs no token. It sends a heartbeat every ``--heartbeat``
-seconds (on the heartbeat queue), consumes only its own queue, and answers no remote-control command but ``revoke``.
-A stage's started and finished reports that the broker refuses wait in the node's outbox (workers/outbox.py) until
-it answers again; progress reports are best-effort.
+with that key (workers/signing.py), and a restart needs no token. On a broker with per-node users it joins as its
+token's broker user and then connects as a user of its own (workers/broker_credentials.py). It sends a heartbeat
+every ``--heartbeat`` seconds (on the heartbeat queue), consumes only its own queue, and answers no remote-control
+command but ``revoke``. A stage's started and finished reports that the broker refuses wait in the node's outbox
+(workers/outbox.py) until it answers again; progress reports are best-effort.
 """
 
 from __future__ import annotations

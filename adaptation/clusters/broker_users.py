@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from contextlib import contextmanager
 
 from django.conf import settings
@@ -35,6 +36,8 @@ logger = logging.getLogger(__name__)
 
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _decided: dict[tuple[str, str], bool] = {}
+_unanswered: dict[tuple[str, str], float] = {}  # a broker that did not answer: not asked again before then
+ASK_AGAIN_AFTER = 10.0  # seconds; what was missed meanwhile, sync makes up for
 
 
 @contextmanager
@@ -43,6 +46,8 @@ def _broker():
     workers name it: ``/<db>.celery.pidbox``)."""
     with Connection(settings.CELERY_BROKER_URL, transport_options=settings.CELERY_BROKER_TRANSPORT_OPTIONS,
                     connect_timeout=5) as connection:
+        # Two quick tries, no back-off: a page or a new token must not wait on a broker that is away.
+        connection.ensure_connection(max_retries=1, interval_start=0)
         channel = connection.default_channel
         yield channel.client, f"{channel.keyprefix_fanout}{credentials.PIDBOX_EXCHANGE}"
 
@@ -56,11 +61,14 @@ def enabled() -> bool:
         return True
     key = (mode, settings.CELERY_BROKER_URL)
     if key not in _decided:
+        if time.monotonic() < _unanswered.get(key, 0):
+            return False
         try:
             with _broker() as (client, _):
                 _decided[key] = _can_manage_users(client)
-        except Exception as error:  # noqa: BLE001 - decided again on the next call: the broker may be starting
+        except Exception as error:  # noqa: BLE001 - asked again a little later: the broker may be starting
             logger.warning("per-node broker users: cannot ask the broker yet (%s)", error)
+            _unanswered[key] = time.monotonic() + ASK_AGAIN_AFTER
             return False
     return _decided[key]
 

@@ -10,5 +10,6 @@ class AdaptationConfig(AppConfig):
         from d0web import checks  # noqa: F401 - registers d0's deployment checks
 
         from . import stages
+        from .clusters import broker_users  # noqa: F401 - deleting a node or join token deletes its broker user
 
         stages.discover()

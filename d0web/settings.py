@@ -11,10 +11,11 @@ import secrets
 from datetime import timedelta
 from pathlib import Path
 
-from workers.protocol import CHECK_LIVENESS, control_queue
+from django.core.exceptions import ImproperlyConfigured
+
+from workers.protocol import CHECK_LIVENESS, SYNC_BROKER_USERS, control_queue
 
 from . import embedded_broker
-
 from .env import database_from_url, env_bool, env_float, env_int, env_list, env_str, sqlite_database, var_dir
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -284,8 +285,16 @@ D0_PREFLIGHT_MAX_AGE_HOURS = env_float("D0_PREFLIGHT_MAX_AGE_HOURS", 24.0)
 # Modules with stage handlers of a deployment's own (adaptation/stages.py), beside each capability's stage.py; the
 # engine side of such a kind is named by D0_STAGE_MODULES on the nodes and here (workers/engine/stages.py).
 D0_STAGE_HANDLERS = env_list("D0_STAGE_HANDLERS", [])
+# Per-node broker users (adaptation/clusters/broker_users.py): auto (on when the control plane's broker user may
+# manage ACL users and the broker's default user is not open), on, or off; and how often the users the broker lost
+# (a restart) are made again and those of expired join tokens deleted.
+D0_BROKER_NODE_USERS = env_str("D0_BROKER_NODE_USERS", "auto").strip().lower()
+if D0_BROKER_NODE_USERS not in ("auto", "on", "off"):
+    raise ImproperlyConfigured(f"D0_BROKER_NODE_USERS={D0_BROKER_NODE_USERS!r}: use auto, on or off")
+D0_BROKER_USERS_SYNC_INTERVAL = env_float("D0_BROKER_USERS_SYNC_INTERVAL", 30.0)
 CELERY_BEAT_SCHEDULE = {
     "check-liveness": {"task": CHECK_LIVENESS, "schedule": D0_LIVENESS_INTERVAL},
+    "sync-broker-users": {"task": SYNC_BROKER_USERS, "schedule": D0_BROKER_USERS_SYNC_INTERVAL},
 }
 
 LOGGING = {

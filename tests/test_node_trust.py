@@ -7,6 +7,7 @@ import os
 import re
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from celery import Celery
@@ -15,11 +16,10 @@ from django.utils import timezone
 
 from adaptation import control_messages
 from adaptation.clusters import trust
-from adaptation.jobs import services as jobs
 from adaptation.models import AdaptationJob, JoinToken, Node, RejectedNodeMessage, StageRun
 from tests.harness import join_token, wait_for
 from tests.conftest import job_status, node_online
-from workers import protocol, signing
+from workers import broker_credentials, protocol, signing
 from workers.engine.sharding.launcher import free_port
 
 pytestmark = [pytest.mark.workers, pytest.mark.django_db(transaction=True)]
@@ -211,63 +211,247 @@ def test_the_legitimate_flow_joins_once_restarts_without_a_token_and_cancel_stop
     assert not list(RejectedNodeMessage.objects.values("task", "reason", "detail"))
 
 
-def compose_redis_acl(control_password: str, node_password: str) -> list[str]:
-    """The Redis users docker-compose.yml starts Redis with, passwords filled in."""
+def compose_redis_acl(control_password: str) -> list[str]:
+    """The Redis users docker-compose.yml starts Redis with, the control plane's password filled in."""
     import yaml
 
     command = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["redis"]["command"]
     arguments = command[command.index("--user"):]
     return [argument.replace("${D0_REDIS_CONTROL_PASSWORD:?set D0_REDIS_CONTROL_PASSWORD}", control_password)
-            .replace("${D0_REDIS_NODE_PASSWORD:?set D0_REDIS_NODE_PASSWORD}", node_password) for argument in arguments]
+            for argument in arguments]
 
 
-def test_the_compose_redis_users_let_each_role_do_its_work_and_a_node_nothing_more(tmp_path, cluster, owner,
-                                                                                   broker, settings):
-    """A real Redis started with the compose file's ACL: the control plane as "control", a node as "node"; the node
-    joins, runs a job, and its user cannot reconfigure or wipe the broker."""
+@pytest.fixture
+def acl_broker(tmp_path, settings, monkeypatch):
+    """A Redis of this test's own, started with docker-compose.yml's users (no anonymous access, the control plane's
+    user may do anything): ACL users are server-wide, so the shared test Redis would mix them with other runs'.
+    This process (the web tier) makes join tokens and sends stage messages through it, as the control user."""
     import shutil
-    import subprocess
 
-    from tests.conftest import database_url
-    from tests.harness import Processes, WorkerStack
+    import redis
+    from celery import Celery as CeleryApp
 
-    if shutil.which("redis-server") is None:
-        pytest.skip("needs redis-server")
+    from adaptation.jobs import services as job_services
+    from d0web import embedded_broker
+    from tests.harness import Processes
+
     port = free_port()
-    redis = Processes(tmp_path)
-    redis.start("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                          "--appendonly", "no", *compose_redis_acl("control-secret", "node-secret")], dict(os.environ))
+    server = Processes(tmp_path)
+    server.start("redis", [shutil.which("redis-server") or str(embedded_broker.server_binary()), "--port", str(port),
+                           "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                           *compose_redis_acl("control-secret")], dict(os.environ))
+    control = redis.Redis(port=port, username="control", password="control-secret")
+    wait_for(lambda: _answers(control), 30, "redis to start")
     control_url = f"redis://control:control-secret@127.0.0.1:{port}/0"
-    stack = WorkerStack(tmp_path, database_url(), control_url, f"redis://node:node-secret@127.0.0.1:{port}/0",
-                        D0_NODE_TIMEOUT=4, D0_LIVENESS_INTERVAL=1)
+    settings.D0_BROKER_URL = settings.CELERY_BROKER_URL = control_url
+    web = CeleryApp("web", fixups=[])
+    web.config_from_object("django.conf:settings", namespace="CELERY")
+    monkeypatch.setattr(job_services, "celery_app", lambda: web)
+
+    def as_user(user, password):
+        return redis.Redis(port=port, username=user, password=password)
+
     try:
-        wait_for(lambda: subprocess.run(["redis-cli", "-p", str(port), "--user", "control", "--pass", "control-secret",
-                                         "ping"], capture_output=True, text=True).stdout.strip() == "PONG", 30,
-                 "redis to start")
-        stack.start_control()
-        stack.start_node("alpha/h100-pod", "acl-node")
-        node = wait_for(node_online("acl-node"), 60, "the node to join through its own Redis user")
-        job = jobs.submit_job(team=cluster.team, user=owner, cluster=cluster, stages=["env_probe"])
-        dispatcher = Celery("dispatcher", broker=control_url, fixups=[])
-        for task in broker.sent:  # the submit's message to the node, sent as the control plane's Redis user
-            dispatcher.send_task(task["name"], args=task["args"], queue=task["queue"], task_id=task["task_id"])
-        done = wait_for(job_status(job.pk, "succeeded", "failed"), 60, "the job on the node")
-        assert done.status == "succeeded", done.error
-        assert done.stage_runs.get().node == node
-        for forbidden in (["FLUSHALL"], ["CONFIG", "GET", "*"], ["KEYS", "*"], ["ACL", "LIST"], ["SHUTDOWN"]):
-            answer = subprocess.run(["redis-cli", "-p", str(port), "--user", "node", "--pass", "node-secret",
-                                     *forbidden], capture_output=True, text=True).stdout
-            assert "NOPERM" in answer, (forbidden, answer)
-        anonymous = subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True).stdout
-        assert "NOAUTH" in anonymous or "NOPERM" in anonymous, anonymous
-        assert "NOPERM" not in stack.log("node-acl-node") and "NOPERM" not in stack.log("control")
-        dispatcher.close()
-    except BaseException:
-        print(stack.logs())
-        raise
+        yield SimpleNamespace(port=port, control=control, control_url=control_url, as_user=as_user,
+                              url=f"redis://127.0.0.1:{port}/0")  # what a node is given: no user, no password
     finally:
+        web.close()
+        server.stop_all()
+
+
+def _answers(client) -> bool:
+    try:
+        return client.ping()
+    except Exception:  # noqa: BLE001 - starting
+        return False
+
+
+@pytest.fixture
+def acl_stack(acl_broker, tmp_path, monkeypatch, request):
+    """The control worker (as the compose file's control user) and nodes given only the broker's address."""
+    from tests.conftest import database_url, failed
+    from tests.harness import WorkerStack
+
+    folder = tmp_path / "stack"
+    folder.mkdir()
+    stack = WorkerStack(folder, database_url(), acl_broker.control_url, acl_broker.url, D0_NODE_TIMEOUT=4,
+                        D0_LIVENESS_INTERVAL=1, D0_BROKER_USERS_SYNC_INTERVAL=1)
+    monkeypatch.setenv("D0_CONTROL_QUEUE", stack.control_queue)
+    stack.start_control()
+    try:
+        yield stack
+    finally:
+        if failed(request):
+            print(stack.logs())
         stack.stop_all()
-        redis.stop_all()
+
+
+def broker_users_of(acl_broker) -> set[str]:
+    return {name.decode() for name in acl_broker.control.execute_command("ACL", "USERS")}
+
+
+def node_broker_login(stack, node) -> tuple[str, str]:
+    """The broker user and password a node worker made for itself (its state folder)."""
+    password = (stack.log_dir / "node-keys" / f"{node.queue_name}.broker-password").read_text()
+    return broker_credentials.node_user(node.key_id), password
+
+
+def refusals(acl_broker) -> list[dict]:
+    """What the broker refused a node or join user (ACL LOG), other than a login before the user was made."""
+    prefixes = (broker_credentials.NODE_USER_PREFIX, broker_credentials.JOIN_USER_PREFIX)
+    return [{key: _text(value) for key, value in entry.items()} for entry in acl_broker.control.acl_log()
+            if _text(entry["reason"]) != "auth" and _text(entry["username"]).startswith(prefixes)]
+
+
+def _text(value):
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def test_with_per_node_broker_users_a_node_joins_runs_and_is_cancelled_and_is_never_refused(
+        acl_broker, acl_stack, cluster, member_api):
+    token = join_token("alpha/h100-pod")
+    token_id = token.split(".")[0]
+    assert broker_credentials.join_user(token_id) in broker_users_of(acl_broker)
+    acl_stack.start_node("alpha/h100-pod", "worker-a", token=token)
+    node = wait_for(node_online("worker-a"), 60, "the node to join through its token's broker user")
+    user, password = node_broker_login(acl_stack, node)
+    assert user in broker_users_of(acl_broker)
+    assert (acl_stack.log_dir / "node-keys" / f"{node.queue_name}.broker-password").stat().st_mode & 0o777 == 0o600
+    assert broker_credentials.password_sha256(password) == Node.objects.get(pk=node.pk).broker_password_sha256
+    # The broker keeps only the hash of the node's password.
+    assert password.encode() not in b"".join(acl_broker.control.execute_command("ACL", "LIST"))
+
+    response = member_api.post("/api/jobs/", {"cluster": cluster.pk, "stages": ["env_check"],
+                                              "parameters": {"env_check": {"measure_seconds": 20}}}, format="json")
+    long_job = response.json()["id"]
+    wait_for(lambda: StageRun.objects.filter(job_id=long_job, status="running").first(), 60, "the stage to run")
+    assert member_api.post(f"/api/jobs/{long_job}/cancel/").json()["status"] == "cancelled"
+    started = time.monotonic()  # the revoke reached the node (it listens on remote control) and freed its slot
+    response = member_api.post("/api/jobs/", {"cluster": cluster.pk, "stages": ["env_probe"]}, format="json")
+    job = wait_for(job_status(response.json()["id"], "succeeded", "failed"), 60, "the next job on the node")
+    assert job.status == "succeeded", job.error
+    assert time.monotonic() - started < 30
+
+    # A restart needs no token: the node's own user is its way in.
+    acl_stack.kill("node-worker-a")
+    Node.objects.filter(pk=node.pk).update(status="offline")
+    acl_stack.start_node("alpha/h100-pod", "worker-a", token="")
+    wait_for(node_online("worker-a"), 60, "the node to come back as its own broker user")
+    response = member_api.post("/api/jobs/", {"cluster": cluster.pk, "stages": ["env_probe"]}, format="json")
+    job = wait_for(job_status(response.json()["id"], "succeeded", "failed"), 60, "a job after the restart")
+    assert job.status == "succeeded", job.error
+    # Nothing the node worker (kombu, Celery) did in all that was refused by its rules.
+    assert refusals(acl_broker) == []
+    assert not list(RejectedNodeMessage.objects.values("task", "reason", "detail"))
+
+    # The users go with what they belong to: a revoked token, a deleted node.
+    trust.revoke_join_token(JoinToken.objects.get(token_id=token_id))
+    Node.objects.get(pk=node.pk).delete()
+    assert not {broker_credentials.join_user(token_id), user} & broker_users_of(acl_broker)
+
+
+def test_a_node_broker_user_reaches_its_own_queue_and_nothing_of_the_control_plane_or_another_team(
+        acl_broker, acl_stack, cluster, other_team, member_api):
+    from redis.exceptions import NoPermissionError
+
+    other_team.clusters.create(name="mi300-pod")
+    acl_stack.start_node("alpha/h100-pod", "worker-a")
+    acl_stack.start_node("beta/mi300-pod", "worker-b")
+    victim = wait_for(node_online("worker-a"), 60, "team alpha's node")
+    attacker = wait_for(node_online("worker-b"), 60, "team beta's node")
+    mallory = acl_broker.as_user(*node_broker_login(acl_stack, attacker))
+    assert mallory.llen(attacker.queue_name) == 0  # its own queue: its login works
+
+    # The victim runs a stage: its message waits in the victim's own unacked hash while it runs.
+    response = member_api.post("/api/jobs/", {"cluster": cluster.pk, "stages": ["env_check"],
+                                              "parameters": {"env_check": {"measure_seconds": 20}}}, format="json")
+    job = response.json()["id"]
+    wait_for(lambda: StageRun.objects.filter(job_id=job, status="running").first(), 60, "the victim's stage to run")
+    unacked = broker_credentials.unacked_keys(victim.queue_name)
+    assert acl_broker.control.hlen(unacked["unacked_key"]) == 1
+
+    control, heartbeat = acl_stack.control_queue, f"{acl_stack.control_queue}.heartbeat"
+    forbidden = {
+        "read the control queue": lambda: mallory.lrange(control, 0, -1),
+        "pop the control queue": lambda: mallory.rpop(control),
+        "pop the heartbeat queue": lambda: mallory.brpop([heartbeat], timeout=1),
+        "read the heartbeat queue": lambda: mallory.lrange(heartbeat, 0, -1),
+        "read another team's queue": lambda: mallory.lrange(victim.queue_name, 0, -1),
+        "pop another team's queue": lambda: mallory.brpop([victim.queue_name], timeout=1),
+        "push onto another team's queue": lambda: mallory.lpush(victim.queue_name, "{}"),
+        "read another node's unacked messages": lambda: mallory.hgetall(unacked["unacked_key"]),
+        "list another node's unacked tags": lambda: mallory.zrange(unacked["unacked_index_key"], 0, -1),
+        "read the control plane's unacked messages": lambda: mallory.hgetall(f"{control}.unacked"),
+        "scan the broker": lambda: mallory.scan(0),
+        "list the keys": lambda: mallory.keys("*"),
+        "publish a remote-control command": lambda: mallory.publish("/0.celery.pidbox", "{}"),
+        "bind another queue to the control exchange": lambda: mallory.sadd(f"_kombu.binding.{control}", "x"),
+        "read who listens on remote control": lambda: mallory.smembers("_kombu.binding.celery.pidbox"),
+        "run a script of its own": lambda: mallory.eval("return 1", 0),
+        "load a script": lambda: mallory.script_load("return 1"),
+        "wipe the broker": lambda: mallory.flushall(),
+        "read the configuration": lambda: mallory.config_get("*"),
+        "list the users": lambda: mallory.execute_command("ACL", "LIST"),
+    }
+    allowed = []
+    for what, attempt in forbidden.items():
+        try:
+            attempt()
+        except NoPermissionError:
+            continue
+        allowed.append(what)
+    assert allowed == []
+    # A rogue run_stage through Celery, as the attacker's user, is refused by the broker, not delivered.
+    rogue = Celery("rogue", broker=acl_broker.url.replace("redis://", "redis://{}:{}@".format(
+        *node_broker_login(acl_stack, attacker))), fixups=[])
+    rogue.conf.broker_transport_options = {"max_retries": 0}
+    with pytest.raises(Exception, match="(?i)no permissions|NOPERM"):
+        rogue.send_task(protocol.RUN_STAGE, args=[1, "env_probe", {}], queue=victim.queue_name, declare=[],
+                        retry=False)
+    rogue.close()
+    assert acl_broker.control.llen(victim.queue_name) == 0
+    assert acl_broker.control.hlen(unacked["unacked_key"]) == 1  # the victim's message is still its own
+
+    # A join token's user may push the registration, and read nothing.
+    token = join_token("beta/mi300-pod")
+    joiner = acl_broker.as_user(broker_credentials.join_user(token.split(".")[0]), token.split(".")[1])
+    assert joiner.lpush(control, "{}") >= 1
+    acl_broker.control.lpop(control)
+    for attempt in (lambda: joiner.lrange(control, 0, -1), lambda: joiner.rpop(control),
+                    lambda: joiner.lpush(victim.queue_name, "{}"), lambda: joiner.scan(0)):
+        with pytest.raises(NoPermissionError):
+            attempt()
+    member_api.post(f"/api/jobs/{job}/cancel/")
+
+
+def test_the_control_plane_makes_again_the_broker_users_the_broker_lost_and_ends_expired_tokens(
+        acl_broker, acl_stack, cluster, member_api):
+    acl_stack.start_node("alpha/h100-pod", "worker-a")
+    node = wait_for(node_online("worker-a"), 60, "the node to join")
+    user, _ = node_broker_login(acl_stack, node)
+    expiring = join_token("alpha/h100-pod").split(".")[0]
+    # A broker restart forgets users made with ACL SETUSER, and its scripts.
+    acl_broker.control.execute_command("ACL", "DELUSER", user)
+    acl_broker.control.script_flush()
+    JoinToken.objects.filter(token_id=expiring).update(expires=timezone.now())
+    wait_for(lambda: user in broker_users_of(acl_broker), 30, "the node's user to be made again")
+    wait_for(lambda: broker_credentials.join_user(expiring) not in broker_users_of(acl_broker), 30,
+             "the expired token's user to go")
+    response = member_api.post("/api/jobs/", {"cluster": cluster.pk, "stages": ["env_probe"]}, format="json")
+    job = wait_for(job_status(response.json()["id"], "succeeded", "failed"), 60, "a job on the node")
+    assert job.status == "succeeded", job.error
+
+
+def test_per_node_broker_users_stay_off_on_a_broker_open_to_anyone(settings):
+    from adaptation.clusters import broker_users
+
+    if not os.environ.get("REDIS_URL"):
+        pytest.skip("needs REDIS_URL")
+    settings.D0_BROKER_URL = settings.CELERY_BROKER_URL = os.environ["REDIS_URL"]  # the test Redis: no password
+    settings.D0_BROKER_NODE_USERS = "auto"
+    assert broker_users.enabled() is False
+    settings.D0_BROKER_NODE_USERS = "off"
+    assert broker_users.enabled() is False
 
 
 def test_a_team_admin_makes_a_join_token_on_the_cluster_page_and_sees_the_command_once(owner, member, cluster):

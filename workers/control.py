@@ -10,6 +10,7 @@ and drops and counts what it cannot trust. Nodes never touch the database.
 from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
+from adaptation.clusters import broker_users
 from adaptation.clusters import services as clusters
 from adaptation.clusters import trust
 from adaptation.errors import Rejected
@@ -93,3 +94,8 @@ def stage_finished(*message) -> None:
 @shared_task(name=protocol.CHECK_LIVENESS, bind=True)
 def check_liveness(self) -> list:
     return recovery.check_liveness(self.request.hostname or "control")
+
+
+@shared_task(name=protocol.SYNC_BROKER_USERS)
+def sync_broker_users() -> dict:
+    return broker_users.sync()

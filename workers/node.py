@@ -8,15 +8,17 @@ Join a node to a cluster with one command (the cluster page shows it with the ri
 At its first start the worker makes the node's own key pair in ``--state-dir`` and registers the node (hostname,
 host facts, devices, public key) with a proof of the join token; from then on every message it sends is signed
 with that key (workers/signing.py), and a restart needs no token. It pins the control plane's key and obeys only
-what that key signed for it (workers/control_trust.py). It sends a heartbeat every ``--heartbeat`` seconds (on the
-heartbeat queue), consumes only its own queue, and answers no remote-control command but a signed ``revoke``.
-A stage's started and finished reports that the broker refuses wait in the node's outbox (workers/outbox.py) until
-it answers again; progress reports are best-effort.
+what that key signed for it (workers/control_trust.py). On a broker with per-node users it joins as its token's
+broker user and then connects as a user of its own (workers/broker_credentials.py). It sends a heartbeat every
+``--heartbeat`` seconds (on the heartbeat queue), consumes only its own queue, and answers no remote-control command
+but a signed ``revoke``. A stage's started and finished reports that the broker refuses wait in the node's outbox
+(workers/outbox.py) until it answers again; progress reports are best-effort.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import logging
@@ -34,7 +36,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.worker.request import Request
 
 from . import broker_fix  # noqa: F401 - a broker restart must not stop the node worker
-from . import control_trust, protocol, signing, stage_memory
+from . import broker_credentials, control_trust, protocol, signing, stage_memory
 from .engine.envcheck.probe import probe_devices, probe_host
 from .engine.serving import endpoint_guard
 from .engine.serving.engines import configured_engines, parse_engines
@@ -109,13 +111,14 @@ def configure(broker_url: str, cluster_ref: str, hostname: str, heartbeat_interv
         task_soft_time_limit=STAGE_SOFT_TIME_LIMIT,
         task_time_limit=STAGE_SOFT_TIME_LIMIT + 300,
         worker_hijack_root_logger=False,
+        **broker_credentials.celery_settings(identity.queue),
     )
 
 
 def _sender(connection=None, queue: str | None = None, expires: float | None = None):
     def send(task_name: str, message: list) -> None:
         app.send_task(task_name, args=message, queue=queue or protocol.control_queue(), expires=expires,
-                      connection=connection)
+                      connection=connection, **broker_credentials.PUBLISH_OPTIONS)
     return send
 
 
@@ -164,7 +167,8 @@ def registration(host: dict, devices: list[dict], finished_runs: list[int] = ())
                                       "cluster": identity.cluster_ref, "hostname": identity.hostname,
                                       "public_key": identity.key.public_key, "host_facts": host, "devices": devices,
                                       "finished_runs": list(finished_runs),
-                                      **control_trust.registration_fields()})
+                                      **control_trust.registration_fields(),
+                                      **broker_credentials.registration_fields()})
     token_id = proof = ""
     if identity.join_token:
         token_id, secret = signing.split_join_token(identity.join_token)
@@ -284,14 +288,37 @@ def _lift_stage_memory(task=None, **kwargs) -> None:
         stage_memory.leave()
 
 
-@signals.worker_ready.connect
-def _register_and_beat(sender=None, **kwargs) -> None:
-    if not identity.queue:
-        return
+@functools.cache
+def host_report() -> tuple[dict, list[dict]]:
+    """(host facts, devices) as the registration reports them, probed once per start (a first start registers
+    twice: as its join token's broker user, then as its own)."""
     host = probe_host()
     host["node_name"] = identity.hostname
     host["data_roots"] = list(identity.data_roots)  # so a job naming a path elsewhere is refused at submit
     host["engines"] = [engine.probe() for engine in configured_engines().values()]
+    return host, probe_devices(host)
+
+
+def join_as(url: str) -> None:
+    """Sends the registration as the join token's broker user (``url``), before this node has a user of its own."""
+    with app.connection_for_write(url) as connection:
+        app.send_task(protocol.REGISTER_NODE, args=registration(*host_report()), queue=protocol.control_queue(),
+                      connection=connection, **broker_credentials.PUBLISH_OPTIONS)
+
+
+def use_own_broker_user(broker_url: str, state_dir: Path) -> None:
+    """Connects the worker as this node's own broker user (workers/broker_credentials.py), joining first if it
+    has none yet."""
+    app.conf.broker_url = broker_credentials.worker_broker_url(
+        broker_url, password_path=state_dir / f"{identity.queue}.broker-password", key_id=identity.key.key_id,
+        join_token=identity.join_token, send_registration=join_as)
+
+
+@signals.worker_ready.connect
+def _register_and_beat(sender=None, **kwargs) -> None:
+    if not identity.queue:
+        return
+    host, devices = host_report()
     # Work folders of stages a kill cut short (no clean-up runs on SIGKILL) go before any new stage starts.
     for folder in remove_stale():
         logger.warning("removed the work folder %s of a stage that did not end cleanly", folder)
@@ -304,8 +331,8 @@ def _register_and_beat(sender=None, **kwargs) -> None:
     left = identity.outbox.flush(_sender())
     if left:
         logger.warning("%d report(s) from before this start still wait in %s", left, identity.outbox.folder)
-    app.send_task(protocol.REGISTER_NODE, args=registration(host, probe_devices(host), finished),
-                  queue=protocol.control_queue())
+    app.send_task(protocol.REGISTER_NODE, args=registration(host, devices, finished),
+                  queue=protocol.control_queue(), **broker_credentials.PUBLISH_OPTIONS)
     threading.Thread(target=_heartbeat_loop, name="d0-heartbeat", daemon=True).start()
     logger.info("node %s (key %s) sent its registration to cluster %s; it consumes queue %s", identity.hostname,
                 identity.key.key_id, identity.cluster_ref, identity.queue)
@@ -409,6 +436,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--stage-memory: {error}")
     allow_only(NODE_COMMANDS, {"revoke": control_trust.revoke_is_signed})
     import_stage_code()
+    try:
+        use_own_broker_user(args.broker, args.state_dir)
+    except broker_credentials.NoBrokerUser as error:
+        parser.exit(1, f"d0 node: {error}\n")
     app.worker_main([
         "worker",
         "--queues", identity.queue,
@@ -417,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         "--loglevel", args.loglevel,
         "--without-gossip",
         "--without-mingle",
+        "--without-heartbeat",  # Celery's worker events are PUBLISHed, which a node's broker user may not do
     ])
     return 0
 

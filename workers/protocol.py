@@ -17,6 +17,7 @@ STAGE_STARTED = "d0.control.stage_started"
 STAGE_PROGRESS = "d0.control.stage_progress"
 STAGE_FINISHED = "d0.control.stage_finished"
 CHECK_LIVENESS = "d0.control.check_liveness"
+SYNC_BROKER_USERS = "d0.control.sync_broker_users"
 
 # Node-side task (run by the worker on one node's own queue).
 RUN_STAGE = "d0.node.run_stage"

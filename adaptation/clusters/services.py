@@ -20,6 +20,7 @@ from workers.engine.serving.recipe import checked_engine
 from ..choices import ACTIVE_STATUSES, InterconnectKind, NodeStatus
 from ..errors import Conflict
 from ..models import Cluster, Device, EnvReport, Link, Node, StageRun
+from . import broker_users
 
 logger = logging.getLogger(__name__)
 
@@ -201,12 +202,14 @@ def cluster_topology(cluster: Cluster) -> dict:
 
 
 def node_broker_hint() -> dict:
-    """The ``--broker`` a node of this install is told to use: this install's broker with its credentials left for
-    the operator to fill in (never shown), or, on the zero-setup embedded broker, that only this machine reaches it."""
+    """The ``--broker`` a node of this install is told to use: this install's broker, without credentials when nodes
+    get broker users of their own, else with them left for the operator to fill in (never shown); or, on the
+    zero-setup embedded broker, that only this machine reaches it."""
     if settings.D0_EMBEDDED_BROKER:
         return {"url": settings.D0_BROKER_URL, "local_only": True}
     parts = urlsplit(settings.D0_BROKER_URL)
-    credentials = "NODE-USER:PASSWORD@" if parts.username or parts.password else ""
+    # With per-node broker users a node is given no credentials: it joins with its token and makes its own password.
+    credentials = "NODE-USER:PASSWORD@" if (parts.username or parts.password) and not broker_users.enabled() else ""
     host = f"{parts.hostname}:{parts.port}" if parts.port else (parts.hostname or "")
     return {"url": f"{parts.scheme}://{credentials}{host}{parts.path}", "local_only": False}
 

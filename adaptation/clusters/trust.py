@@ -24,10 +24,11 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from workers import protocol, signing
+from workers import broker_credentials, protocol, signing
 
 from ..errors import Rejected, UnknownKey
 from ..models import Cluster, JoinToken, Node, RejectedNodeMessage, RetiredNodeKey
+from . import broker_users
 from .services import register_node
 
 logger = logging.getLogger(__name__)
@@ -51,13 +52,18 @@ def create_join_token(cluster: Cluster, user, *, hours: float | None = None, des
     hours = settings.D0_JOIN_TOKEN_HOURS if hours is None else hours
     token = JoinToken.objects.create(cluster=cluster, token_id=token_id,
                                      verify_key=signing.token_verify_key(token_id, secret),
+                                     broker_password_sha256=broker_credentials.password_sha256(secret),
                                      description=description[:200], created_by=user,
                                      expires=timezone.now() + timedelta(hours=hours))
+    broker_users.join_token_made(token)
     return token, f"{token_id}.{secret}"
 
 
 def revoke_join_token(token: JoinToken) -> bool:
-    return bool(JoinToken.objects.filter(pk=token.pk, revoked__isnull=True).update(revoked=timezone.now()))
+    revoked = bool(JoinToken.objects.filter(pk=token.pk, revoked__isnull=True).update(revoked=timezone.now()))
+    if revoked:
+        broker_users.join_token_gone(token.token_id)
+    return revoked
 
 
 # --- rejections -------------------------------------------------------------------------------------------
@@ -224,6 +230,7 @@ def _register(payload: str, signature: str, token_id: str, proof: str) -> Regist
                                  key_id=key_id, signed_ts=float(data["ts"]), sealing_key=sealing_key)
         except IntegrityError:
             raise Rejected("this key is already bound to another node", cluster, detail) from None
+        broker_users.node_registered(node, claim.get("broker_password_sha256"))
         if token is not None:
             JoinToken.objects.filter(pk=token.pk).update(uses=F("uses") + 1, last_used=timezone.now())
             logger.info("node %s joined %s with join token %s", hostname, cluster.join_name, token.token_id)

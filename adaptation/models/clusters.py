@@ -72,6 +72,9 @@ class Node(models.Model):
     # Send time (the node's clock) of the newest registration, heartbeat or leave accepted: an older one is a
     # replay and is not applied.
     last_signed_ts = models.FloatField(default=0.0, editable=False)
+    # SHA-256 of the node's broker password (made on the node, sent in its registration): the control plane makes
+    # the node's broker user from it, and makes it again when the broker lost it (clusters/broker_users.py).
+    broker_password_sha256 = models.CharField(max_length=64, blank=True, default="", editable=False)
 
     objects = NodeQuerySet.as_manager()
 
@@ -154,11 +157,15 @@ class JoinToken(models.Model):
     """A cluster's bootstrap token (kubeadm's idea): a node presents it once, at its first registration, and is
     bound to its own key from then on. Only the token's id and the public half of a key derived from its secret are
     kept (which checks a node's proof and cannot make one); the whole token is shown once, when a team admin makes
-    it. A token made before d0 kept that key has none and joins nothing: make a new one."""
+    it. A token made before d0 kept that key has none and joins nothing: make a new one. ``broker_password_sha256``
+    is what a broker with per-node users keeps of the token's broker user's password (the secret): kept so that a
+    user a broker restart forgot is made again; it joins nothing (Redis wants the password itself, d0 a signature by
+    the key derived from the secret)."""
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="join_tokens")
     token_id = models.CharField(max_length=16, unique=True)
     verify_key = models.CharField(max_length=64, blank=True, editable=False)
+    broker_password_sha256 = models.CharField(max_length=64, blank=True, default="", editable=False)
     description = models.CharField(max_length=200, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="+")

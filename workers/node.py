@@ -2,8 +2,8 @@
 
 Join a node to a cluster with one command (the cluster page shows it with the right names and a fresh token)::
 
-    D0_JOIN_TOKEN=abcd1234.0123… python -m workers.node --broker redis://control-plane:6379/0 --cluster team/cluster \
-        --control-key <the control plane's public key>
+    D0_JOIN_TOKEN=abcd1234.0123… D0_CONTROL_KEY=<the control plane's public key> \\
+        python -m workers.node --broker redis://control-plane:6379/0 --cluster team/cluster
 
 At its first start the worker makes the node's own key pair in ``--state-dir`` and registers the node (hostname,
 host facts, devices, public key) with a proof of the join token; from then on every message it sends is signed
@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
                              "is refused whatever is listed)")
     parser.add_argument("--stage-memory", default=os.environ.get(stage_memory.VARIABLE, ""), metavar="SIZE",
                         help="memory each stage's process may take, e.g. 8G, 60%% of the RAM, or off (default: "
-                             f"${stage_memory.VARIABLE}, else {stage_memory.DEFAULT_SHARE:.0%} of the RAM)")
+                             f"${stage_memory.VARIABLE}, else {stage_memory.DEFAULT_SHARE * 100:.0f}%% of the RAM)")
     parser.add_argument("--loglevel", default="info")
     args = parser.parse_args(argv)
     if not args.broker:

@@ -235,11 +235,13 @@ def acl_broker(tmp_path, settings, monkeypatch):
     from d0web import embedded_broker
     from tests.harness import Processes
 
-    port = free_port()
+    port, data = free_port(), tmp_path / "redis-data"
+    data.mkdir()
     server = Processes(tmp_path)
+    # The append-only file on, each write fsynced: what a broker keeps on disk is scanned too.
     server.start("redis", [shutil.which("redis-server") or str(embedded_broker.server_binary()), "--port", str(port),
-                           "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                           *compose_redis_acl("control-secret")], dict(os.environ))
+                           "--bind", "127.0.0.1", "--save", "", "--dir", str(data), "--appendonly", "yes",
+                           "--appendfsync", "always", *compose_redis_acl("control-secret")], dict(os.environ))
     control = redis.Redis(port=port, username="control", password="control-secret")
     wait_for(lambda: _answers(control), 30, "redis to start")
     control_url = f"redis://control:control-secret@127.0.0.1:{port}/0"
@@ -252,7 +254,7 @@ def acl_broker(tmp_path, settings, monkeypatch):
         return redis.Redis(port=port, username=user, password=password)
 
     try:
-        yield SimpleNamespace(port=port, control=control, control_url=control_url, as_user=as_user,
+        yield SimpleNamespace(port=port, control=control, control_url=control_url, as_user=as_user, data=data,
                               url=f"redis://127.0.0.1:{port}/0")  # what a node is given: no user, no password
     finally:
         web.close()
@@ -649,34 +651,17 @@ def message_bodies(raw: bytes) -> list[bytes]:
     return [base64.b64decode(body) for body in re.findall(rb'"body": ?"([A-Za-z0-9+/=]+)"', raw)]
 
 
-def test_an_endpoint_benchmark_leaves_its_key_nowhere_on_the_broker(tmp_path, cluster, owner, member_api, broker,
+def test_an_endpoint_benchmark_leaves_its_key_nowhere_on_the_broker(acl_broker, acl_stack, cluster, member_api,
                                                                      model_spec):
-    """A real Redis with its append-only file on (every write, fsynced): the benchmark runs through real workers
-    with the endpoint's stored key, which reaches the endpoint; the queues, the unacked data, every other key and
-    the append-only file hold no trace of it, nor do the workers' logs."""
-    import shutil
-    import subprocess
-
-    from tests.conftest import database_url
-    from tests.harness import Processes, WorkerStack
-
-    if shutil.which("redis-server") is None:
-        pytest.skip("needs redis-server")
+    """On a Redis with the compose file's users and its append-only file on (every write, fsynced): the benchmark
+    runs through real workers, the node as its own broker user, with the endpoint's stored key, which reaches the
+    endpoint; the queues, the unacked data, every other key and the append-only file hold no trace of it, nor do
+    the workers' logs."""
     secret = "sk-d0-sealed-9d41c7e0b2"
     endpoint = FakeEndpoint(secret)
-    port, data = free_port(), tmp_path / "redis"
-    data.mkdir()
-    redis = Processes(tmp_path)
-    redis.start("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir",
-                          str(data), "--appendonly", "yes", "--appendfsync", "always"], dict(os.environ))
-    url = f"redis://127.0.0.1:{port}/0"
-    stack = WorkerStack(tmp_path, database_url(), url, D0_NODE_TIMEOUT=4, D0_LIVENESS_INTERVAL=1)
-    dispatcher = Celery("dispatcher", broker=url, fixups=[])
     try:
-        wait_for(lambda: subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True,
-                                        text=True).stdout.strip() == "PONG", 30, "redis to start")
-        stack.start_control()
-        stack.start_node("alpha/h100-pod", "bench-node")
+        # The fake endpoint listens on loopback, which a node reaches only when its operator lists it.
+        acl_stack.start_node("alpha/h100-pod", "bench-node", extra=("--endpoint-allow", "127.0.0.1"))
         wait_for(node_online("bench-node"), 60, "the node to join")
         created = member_api.post("/api/serving-endpoints/", {"name": "theirs", "base_url": endpoint.base_url,
                                                               "served_model": "d0", "api_key": secret}, format="json")
@@ -687,26 +672,19 @@ def test_an_endpoint_benchmark_leaves_its_key_nowhere_on_the_broker(tmp_path, cl
                                               "workload": {"requests": 2, "prompt_len": 4, "output_len": 4}}}},
             format="json")
         assert response.status_code == 201, response.json()
-        for task in broker.sent:  # the web tier's dispatch, sent to this Redis
-            dispatcher.send_task(task["name"], args=task["args"], queue=task["queue"], task_id=task["task_id"])
         job = wait_for(job_status(response.json()["id"], "succeeded", "failed"), 120, "the benchmark")
         assert job.status == "succeeded", job.error
         assert endpoint.authorizations and set(endpoint.authorizations) == {f"Bearer {secret}"}
-        held = everything_in(url)
+        held = everything_in(acl_broker.control_url)
         assert b"bench-node" in held  # the scan sees the node's queue and bindings
         assert secret.encode() not in held and not [body for body in message_bodies(held) if secret.encode() in body]
-        appended = b"".join(path.read_bytes() for path in data.rglob("*") if path.is_file())
+        appended = b"".join(path.read_bytes() for path in acl_broker.data.rglob("*") if path.is_file())
         bodies = message_bodies(appended)
         assert [body for body in bodies if b"d0.node.run_stage" in body and b"sealed" in body]  # the stage's message
         assert secret.encode() not in appended and not [body for body in bodies if secret.encode() in body]
-        assert secret not in stack.logs()
-    except BaseException:
-        print(stack.logs())
-        raise
+        assert secret not in acl_stack.logs()
+        assert refusals(acl_broker) == []
     finally:
-        dispatcher.close()
-        stack.stop_all()
-        redis.stop_all()
         endpoint.close()
 
 

@@ -102,24 +102,25 @@ class StageMessage:
     expired: bool  # authentic, but it waited in the queue past its signed expiry
 
 
-def stage_message(message, task_id: str) -> StageMessage | None:
+def stage_message(message, task_id: str, log: bool = True) -> StageMessage | None:
     """The stage a ``run_stage`` message asks for, if the control plane signed it for this node under this task
-    id; None (logged) otherwise."""
+    id; None (logged, unless ``log`` is false: the message is read twice, on arrival and when it runs) otherwise."""
+    warn = logger.warning if log else logger.debug
     expired = False
     try:
         data = signing.open_control_message(trust.control_key, list(message), protocol.RUN_STAGE, trust.node_key_id)
     except signing.Expired as error:
         data, expired = error.payload, True
     except (signing.SignatureError, ValueError) as error:
-        logger.warning("refused a stage message (task %s): %s", task_id, error)
+        warn("refused a stage message (task %s): %s", task_id, error)
         return None
     args = data["args"]
     if data.get("id") != task_id:
         # A copy of a real message under another task id would escape a cancel (revoke names task ids).
-        logger.warning("refused a stage message: signed for task %s, delivered as task %s", data.get("id"), task_id)
+        warn("refused a stage message: signed for task %s, delivered as task %s", data.get("id"), task_id)
         return None
     if len(args) != 3 or type(args[0]) is not int or not isinstance(args[1], str) or not isinstance(args[2], dict):
-        logger.warning("refused a stage message (task %s): malformed arguments", task_id)
+        warn("refused a stage message (task %s): malformed arguments", task_id)
         return None
     return StageMessage(task_id, args[0], args[1], args[2], expired)
 

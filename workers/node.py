@@ -272,7 +272,10 @@ def _stage_requests(**kwargs) -> None:
 @signals.task_received.connect
 def _stage_arrived(request=None, **kwargs) -> None:
     if request is not None and request.name == protocol.RUN_STAGE:
-        held.arrived(request.id, request.args)
+        # Only what the control plane signed for this node: a forged message must not keep a lost run "held".
+        stage = control_trust.stage_message(request.args, request.id, log=False)
+        if stage is not None:
+            held.arrived(request.id, [stage.stage_run_id])
 
 
 @signals.task_prerun.connect

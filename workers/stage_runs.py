@@ -13,7 +13,6 @@ were read), the interval, and the running, ended and lost runs. Imports nothing 
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 import threading
@@ -29,18 +28,12 @@ OUT_OF_MEMORY_SIGNALS = (signal.SIGKILL,)  # what the kernel's OOM killer (and a
 
 
 def stage_run_of(args) -> int | None:
-    """The stage run a ``run_stage`` message is for: its arguments are either the plain ``(stage_run_id, kind,
-    params)`` or a signed envelope ``[key id, payload, signature]`` whose JSON payload's ``args`` start with the
-    stage run's id. None for anything else."""
+    """The stage run a ``run_stage`` message's plain arguments ``(stage_run_id, kind, params)`` are for; None for
+    anything else. The node passes what it read from a message the control plane signed for it
+    (``control_trust.stage_message``): a message nobody signed names no run in its heartbeats."""
     args = list(args or ())
     if args and type(args[0]) is int:
         return args[0]
-    if len(args) == 3 and all(isinstance(part, str) for part in args):
-        try:
-            run = json.loads(args[1])["args"][0]
-        except (IndexError, KeyError, TypeError, ValueError):
-            return None
-        return run if type(run) is int else None
     return None
 
 

@@ -197,3 +197,20 @@ def node_online(hostname):
 
 def job_status(job_id, *statuses):
     return lambda: AdaptationJob.objects.filter(pk=job_id, status__in=statuses).first()
+
+
+@pytest.fixture
+def node_in_process(tmp_path, monkeypatch):
+    """The node worker's ``run_stage`` run in this process: a node key and a control key it trusts, its reports
+    collected as (task, signed payload) in ``sent`` instead of sent. Set ``node.run_engine_stage`` to the stage."""
+    from types import SimpleNamespace
+
+    from workers import control_trust, node, outbox, signing
+
+    sent = []
+    node_key, control_key = signing.NodeKey.generate(), signing.ControlKey.generate()
+    monkeypatch.setattr(node, "identity", node.Identity(key=node_key, outbox=outbox.Outbox(tmp_path / "outbox")))
+    monkeypatch.setattr(control_trust, "trust", control_trust.ControlTrust(control_key.public_key, node_key.key_id))
+    monkeypatch.setattr(node, "_sender", lambda *args, **kwargs: lambda task, message: sent.append(
+        (task, json.loads(message[1]))))
+    return SimpleNamespace(node=node, sent=sent, node_key=node_key, control_key=control_key)

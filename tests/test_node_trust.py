@@ -785,17 +785,9 @@ def test_a_sealed_parameter_opens_only_on_its_node_for_its_stage_run(tmp_path):
 
 
 def test_a_node_reports_nothing_for_a_message_it_cannot_trust_and_fails_an_authentic_one_past_its_expiry(
-        tmp_path, monkeypatch):
-    import json
-
-    from workers import control_trust, node, outbox
-
-    sent = []
-    node_key, control_key = signing.NodeKey.generate(), signing.ControlKey.generate()
-    monkeypatch.setattr(node, "identity", node.Identity(key=node_key, outbox=outbox.Outbox(tmp_path / "outbox")))
-    monkeypatch.setattr(control_trust, "trust", control_trust.ControlTrust(control_key.public_key, node_key.key_id))
-    monkeypatch.setattr(node, "_sender", lambda *args, **kwargs: lambda task, message: sent.append(
-        (task, json.loads(message[1]))))
+        node_in_process, monkeypatch):
+    node, sent = node_in_process.node, node_in_process.sent
+    node_key, control_key = node_in_process.node_key, node_in_process.control_key
     monkeypatch.setattr(node, "run_engine_stage", lambda *args, **kwargs: pytest.fail("a stage ran"))
     stranger = signing.ControlKey.generate()  # another d0's control plane, or a rogue's key
     for message, task_id in ((stranger.message(protocol.RUN_STAGE, node_key.key_id, [7, "env_probe", {}],

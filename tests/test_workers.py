@@ -136,20 +136,15 @@ def test_the_started_tasks_file_keeps_the_newest_ids(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["env_probe", "env_check"])
-def test_an_instant_stage_is_reported_by_its_finished_report_alone(tmp_path, monkeypatch, kind):
+def test_an_instant_stage_is_reported_by_its_finished_report_alone(node_in_process, monkeypatch, kind):
     """A probe's job costs the control plane one report, not two: an instant stage (env_probe) sends no "started",
     its finished report carries how long it ran; any other stage says "started" first, then progress."""
-    import json
     import time
 
-    from workers import control_trust, node, outbox, protocol, signing
+    from workers import protocol
 
-    sent = []
-    node_key, control_key = signing.NodeKey.generate(), signing.ControlKey.generate()
-    monkeypatch.setattr(node, "identity", node.Identity(key=node_key, outbox=outbox.Outbox(tmp_path / "outbox")))
-    monkeypatch.setattr(control_trust, "trust", control_trust.ControlTrust(control_key.public_key, node_key.key_id))
-    monkeypatch.setattr(node, "_sender", lambda *args, **kwargs: lambda task, message: sent.append(
-        (task, json.loads(message[1]))))
+    node, sent = node_in_process.node, node_in_process.sent
+    node_key, control_key = node_in_process.node_key, node_in_process.control_key
 
     def stage(kind, params, progress, data_roots):
         time.sleep(node.PROGRESS_MIN_INTERVAL + 0.05)

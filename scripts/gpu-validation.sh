@@ -24,6 +24,31 @@ run parity-llama-3.1-8b-bf16 shard "$configs/llama-3.1-8b.json" --tp 1 --dtype b
 run parity-mixtral-8x7b-bf16 shard "$configs/mixtral-8x7b-v0.1.json" --tp 1 --dtype bf16 --device cuda
 run sweep-qwen3-30b-a3b-bf16 sweep "$configs/qwen3-30b-a3b.json" --precisions bf16 --batch-sizes 1,4,16 \
   --page-sizes 16,64 --requests 16 --device cuda
+# The node's stage memory limit with CUDA in the process (workers/stage_memory.py): under an 8 GiB RLIMIT_DATA the
+# stage still starts CUDA and takes 20 GiB of device memory, while a 9 GiB host allocation fails as MemoryError.
+echo "== stage-memory-cuda"
+timeout "${TIMEOUT:-300}" $PY - > "$out/stage-memory-cuda.json" 2> "$out/stage-memory-cuda.stderr" <<'EOF2' || echo "   failed: see $out/stage-memory-cuda.stderr"
+import json
+import torch
+from workers import stage_memory
+stage_memory.configure(8 << 30)
+stage_memory.enter()
+result = {"limit_bytes": stage_memory.configured()}
+try:
+    device = torch.empty(20 << 30, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    result["device_bytes_allocated"] = torch.cuda.memory_allocated()
+    del device
+except Exception as error:  # recorded: the point is what happens
+    result["device_error"] = f"{type(error).__name__}: {error}"
+try:
+    host = bytearray(9 << 30)
+    result["host_9GiB"] = "allocated (the limit did not hold)"
+except MemoryError:
+    result["host_9GiB"] = "MemoryError (the limit held)"
+stage_memory.leave()
+print(json.dumps(result, indent=2))
+EOF2
 # An engine trial when the machine has vLLM (D0_VLLM_PYTHON names its interpreter, else `python -c "import vllm"`):
 # the validation checkpoint of Llama-3.1-8B's architecture served on the GPU, two configurations, with correctness.
 VLLM_PY=${D0_VLLM_PYTHON:-}

@@ -17,29 +17,22 @@ from adaptation.jobs import services as jobs
 from adaptation.models import StageRun
 from workers import protocol, signing, stage_memory
 from workers.control import node_heartbeat
-from workers.stage_runs import StageRuns, loss_reason, stage_run_of
+from workers.stage_runs import StageRuns, loss_reason
 from tests.harness import ROOT
 
 
 # --- the node's account ----------------------------------------------------------------------------------
 
 
-def test_the_stage_run_is_read_from_a_run_stage_messages_arguments():
-    assert stage_run_of([41, "env_probe", {}]) == 41
-    envelope = signing.NodeKey.generate().message(protocol.RUN_STAGE, [42, "sweep", {"grid": {}}])
-    for other in ([], None, ["41", "env_probe", {}], [True, "x", {}], envelope):
-        assert stage_run_of(other) is None
-
-
 def test_the_account_names_held_ended_and_lost_runs_and_a_lost_run_stays_lost():
     held = StageRuns()
-    held.arrived("task-a", [1, "env_check", {}])
-    held.arrived("task-b", [2, "sweep", {}])
-    held.arrived("task-c", [3, "sweep", {}])
+    held.arrived("task-a", 1)
+    held.arrived("task-b", 2)
+    held.arrived("task-c", 3)
     held.ended("task-b")
     held.ended("task-c", "its process ended (killed by signal 9, SIGKILL)")
     # The killed run's message comes back (acks late) and is dropped unrun: that end is not its story.
-    held.arrived("task-c", [3, "sweep", {}])
+    held.arrived("task-c", 3)
     held.ended("task-c")
     before = time.time()
     beat = held.beat(2.0, finished_kept=[7])
@@ -51,7 +44,7 @@ def test_the_account_names_held_ended_and_lost_runs_and_a_lost_run_stays_lost():
 
 def test_what_ended_long_ago_is_no_longer_named():
     held = StageRuns(kept_s=0.0)
-    held.arrived("task-a", [1, "env_check", {}])
+    held.arrived("task-a", 1)
     held.ended("task-a", "its process ended (exit code 1)")
     time.sleep(0.01)
     assert held.beat(1.0)["lost"] == [] and held.beat(1.0)["ended"] == []

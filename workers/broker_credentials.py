@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
+
+from .private_files import create_private_file
 
 logger = logging.getLogger("d0.node")
 
@@ -132,14 +133,9 @@ def with_credentials(url: str, user: str, password: str) -> str:
 
 def load_or_create_password(path: Path) -> str:
     """The node's broker password, made at its first start and kept readable by its owner only."""
-    if path.exists():
-        return path.read_text().strip()
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    password = secrets.token_hex(32)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as file:
-        file.write(password)
-    return password
+    if not path.exists():
+        create_private_file(path, secrets.token_hex(32).encode())
+    return path.read_text().strip()
 
 
 class BrokerAway(Exception):

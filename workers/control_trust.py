@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from celery.utils.functional import maybe_list
 
 from . import protocol, sealing, signing
+from .private_files import create_private_file
 from .engine.stages import secret_parameters
 
 logger = logging.getLogger("d0.node")
@@ -61,22 +61,18 @@ def pinned_control_key(folder: Path, given: str) -> str:
             raise ControlKeyError(f"{given!r} is not a control-plane key (the base64 of an Ed25519 public key, as "
                                   "the cluster page's join command shows it)") from None
     pin = folder / PIN_FILE
-    if pin.exists():
+    if not pin.exists() and given and create_private_file(pin, (given + "\n").encode()):
+        logger.info("pinned the control plane's key %s in %s", signing.key_id(given), pin)
+        return given
+    if pin.exists():  # pinned before, or by a start racing this one
         pinned = pin.read_text().strip()
         if given and given != pinned:
             raise ControlKeyError(f"the control-plane key given differs from the one this node pinned when it "
                                   f"joined ({pin}): a node obeys only the control plane it joined. If the control "
                                   f"plane's key was really replaced, remove {pin} and start the node again")
         return pinned
-    if not given:
-        raise ControlKeyError("no control-plane key: pass --control-key (or set $D0_CONTROL_KEY) as the cluster "
-                              "page's join command shows it")
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    descriptor = os.open(pin, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as file:
-        file.write(given + "\n")
-    logger.info("pinned the control plane's key %s in %s", signing.key_id(given), pin)
-    return given
+    raise ControlKeyError("no control-plane key: pass --control-key (or set $D0_CONTROL_KEY) as the cluster "
+                          "page's join command shows it")
 
 
 def configure(state_dir: Path, queue: str, node_key: signing.NodeKey, given_control_key: str) -> None:

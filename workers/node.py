@@ -275,7 +275,7 @@ def _stage_arrived(request=None, **kwargs) -> None:
         # Only what the control plane signed for this node: a forged message must not keep a lost run "held".
         stage = control_trust.stage_message(request.args, request.id, log=False)
         if stage is not None:
-            held.arrived(request.id, [stage.stage_run_id])
+            held.arrived(request.id, stage.stage_run_id)
 
 
 @signals.task_prerun.connect

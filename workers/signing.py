@@ -22,7 +22,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import secrets
 import time
 from pathlib import Path
@@ -31,6 +30,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from .private_files import create_private_file
 
 
 class SignatureError(ValueError):
@@ -99,27 +100,14 @@ class ControlKey(SigningKey):
 
 def load_or_create_private_key(path: Path, generate):
     """(private key, created): the key in ``path`` (PEM, PKCS#8), or a new one from ``generate()`` written there
-    with mode 0600. Processes starting at once (a web worker and a control worker) all end up with the same key:
-    the new file is written whole under another name and linked into place, and the loser of that race reads the
-    winner's."""
-    if path.exists():
-        return serialization.load_pem_private_key(path.read_bytes(), password=None), False
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    key = generate()
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption())
-    draft = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    descriptor = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(descriptor, "wb") as file:
-            file.write(pem)
-        try:
-            os.link(draft, path)
-        except FileExistsError:
-            return serialization.load_pem_private_key(path.read_bytes(), password=None), False
-    finally:
-        draft.unlink(missing_ok=True)
-    return key, True
+    with mode 0600 (``private_files``: processes starting at once all end up with the same key)."""
+    if not path.exists():
+        key = generate()
+        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+        if create_private_file(path, pem):
+            return key, True
+    return serialization.load_pem_private_key(path.read_bytes(), password=None), False
 
 
 def encode_payload(payload: dict) -> str:

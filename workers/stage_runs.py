@@ -27,16 +27,6 @@ MAX_NAMED = protocol.MAX_FINISHED_RUNS
 OUT_OF_MEMORY_SIGNALS = (signal.SIGKILL,)  # what the kernel's OOM killer (and a cgroup's memory.max) sends
 
 
-def stage_run_of(args) -> int | None:
-    """The stage run a ``run_stage`` message's plain arguments ``(stage_run_id, kind, params)`` are for; None for
-    anything else. The node passes what it read from a message the control plane signed for it
-    (``control_trust.stage_message``): a message nobody signed names no run in its heartbeats."""
-    args = list(args or ())
-    if args and type(args[0]) is int:
-        return args[0]
-    return None
-
-
 def loss_reason(error: BaseException) -> str:
     """Why a stage's process ended without a report, from what Celery's pool raised in the worker's main process:
     billiard's WorkerLostError says "Worker exited prematurely: signal 9 (SIGKILL)" or "exitcode 1"."""
@@ -71,11 +61,11 @@ class StageRuns:
         self._ended: OrderedDict[int, float] = OrderedDict()  # stage run -> when it ended (time.time())
         self._lost: OrderedDict[int, tuple[float, str]] = OrderedDict()  # stage run -> (when, why)
 
-    def arrived(self, task_id: str, args) -> None:
-        run = stage_run_of(args)
-        if run is not None:
-            with self._lock:
-                self._held[task_id] = run
+    def arrived(self, task_id: str, run: int) -> None:
+        """The stage message ``task_id`` for ``run`` reached this worker (the node read ``run`` from a message the
+        control plane signed for it: a message nobody signed names no run in its heartbeats)."""
+        with self._lock:
+            self._held[task_id] = run
 
     def ended(self, task_id: str, reason: str | None = None) -> None:
         """The request ``task_id`` ended here; ``reason``: it ended without a report (the process died). A run once

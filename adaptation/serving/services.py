@@ -38,7 +38,8 @@ def cluster_serves(cluster: Cluster, name: str = "vllm") -> bool:
 
 def endpoint_parameters(team, endpoint_id) -> dict:
     """What the control plane adds to an ``endpoint_bench`` stage: the team's endpoint's URL, model and API key.
-    A ValueError (the endpoint was deleted, its key unreadable) fails the job with the reason."""
+    A ValueError (the endpoint was deleted, its key unreadable) fails the job with the reason. The key stays in
+    this process: ``jobs.services.send_stage`` seals it to the node (a secret parameter) before the message leaves."""
     endpoint = ServingEndpoint.objects.filter(team=team, pk=endpoint_id).first()
     if endpoint is None:
         raise ValueError(f"no serving endpoint {endpoint_id} in this team (deleted since the job was submitted?)")

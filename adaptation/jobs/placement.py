@@ -89,7 +89,7 @@ def stage_assignments(job: AdaptationJob, kind: str, nodes: list[Node]) -> list[
         raise ValueError(f"a world of {world_size} ranks does not split evenly over {len(chosen)} nodes")
     master = chosen[0].host_facts.get("address") or chosen[0].hostname
     rendezvous = {"master_addr": master, "master_port": rendezvous_port(job.pk, kind), "world_size": world_size,
-                  "nproc_per_node": world_size // len(chosen)}
+                  "nproc_per_node": world_size // len(chosen), "hostnames": [node.hostname for node in chosen]}
     return [(node, {**params, "rendezvous": {**rendezvous, "node_rank": rank}}) for rank, node in enumerate(chosen)]
 
 

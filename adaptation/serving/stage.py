@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.urls import reverse
 
 from workers.engine.parameters import ParameterError
+from workers.engine.serving.launchers import ranks_of, split_over_nodes
 from workers.engine.serving.recipe import checked_engine, checked_recipe
 from workers.engine.sweep.result import EndpointBenchResult, ServeSweepResult, served
 
@@ -29,6 +30,19 @@ class ServeSweep(StageHandler):
 
     def prepare(self, job, params: dict, nodes: list) -> dict:
         return with_measured_hardware(params, nodes[0])
+
+    def check(self, job) -> None:
+        """A layout vLLM cannot spread over the job's node count is refused at submission (a 400 naming it)."""
+        declared = job.parameters.get(self.kind) or {}
+        try:
+            split_over_nodes(declared.get("settings") or {}, int(declared.get("node_count") or 1))
+        except ValueError as error:
+            raise ParameterError(f"{self.kind}.node_count", str(error)) from None
+
+    def world_size(self, params: dict) -> int:
+        """The engine's ranks: TP x PP x DP."""
+        replica, dp = ranks_of(params.get("settings") or {})
+        return replica * dp
 
     def store(self, run) -> None:
         """What the node said of its engine and recipe is checked as it arrives (``recipe.checked_recipe``): the

@@ -45,6 +45,14 @@ PARAMETERS = (
               "with transformers on the same checkpoint", default=True),
     Parameter("correctness_tokens", "int", "greedy tokens per correctness prompt", default=8, minimum=1,
               maximum=256),
+    Parameter("node_count", "int", "nodes one deployment spans (the control plane places one engine launch per "
+              "node: node rank 0 serves the API, the others run headless)", default=1, minimum=1, maximum=64),
+    Parameter("join_timeout_s", "float", "seconds every node of a multi-node deployment has to join it",
+              default=300.0, minimum=5, maximum=3600),
+    Parameter("plan", "object", "the planner's layout and the layout served, with why they differ (the whole "
+              "adaptation sets it; echoed in the report)", nullable=True),
+    Parameter("rendezvous", "object", "node rank 0's address and port, node rank, the nodes' hostnames",
+              set_by="control"),
 )
 
 ENDPOINT_PARAMETERS = (
@@ -81,7 +89,7 @@ def endpoint_bench(params: dict, progress, policy: EndpointPolicy | None = None)
 
 
 STAGES = (
-    StageSpec(kind="serve_sweep", run=serve_sweep, gated=True, needs_model=True, placement="one",
+    StageSpec(kind="serve_sweep", run=serve_sweep, gated=True, needs_model=True, placement="group",
               parameters=PARAMETERS, preload=("torch", "transformers", "workers.engine.serving.prediction")),
     # Only a client runs (the endpoint is someone else's server), so the node needs no fresh env check.
     StageSpec(kind="endpoint_bench", run=endpoint_bench, gated=False, needs_model=True, placement="one",

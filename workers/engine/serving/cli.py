@@ -3,6 +3,12 @@
     python -m workers.engine serve config.json --engine vllm=/opt/vllm/bin/python \\
         --grid '{"max_num_seqs": [4, 8], "block_size": [16, 32]}' --settings '{"tensor_parallel_size": 2}' --json
 
+Across nodes, the same command on each node with its rank (node rank 0 leads the sweep and serves the API, the
+others run their engine headless for each of its starts; ``--master`` is node rank 0's address and a free port)::
+
+    python -m workers.engine serve config.json --settings '{"tensor_parallel_size": 16}' \
+        --nodes gpu-a,gpu-b --node-rank 0 --master 10.0.0.1:29400 --json    # and --node-rank 1 on gpu-b
+
 Without ``--weights`` d0 writes a validation checkpoint of the architecture (reduced, seeded random weights);
 ``--weights DIR`` serves a checkpoint folder, its safetensors headers checked against its config.json first.
 """
@@ -41,6 +47,9 @@ def add_parser(verbs) -> argparse.ArgumentParser:
     parser.add_argument("--grid", type=_object, help="lists of engine settings to try (JSON)")
     parser.add_argument("--workload", type=_object, default={}, help="the workload (JSON, as the sweep's)")
     parser.add_argument("--no-correctness", action="store_true", help="skip the greedy-token comparison")
+    parser.add_argument("--nodes", help="the deployment's nodes, comma-separated, node rank 0 first")
+    parser.add_argument("--node-rank", type=int, default=0, help="this node's rank among --nodes")
+    parser.add_argument("--master", metavar="ADDRESS:PORT", help="node rank 0's address and a port free there")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
 
@@ -54,11 +63,19 @@ def run(args: argparse.Namespace, progress=None) -> dict:
         params["grid"] = args.grid
     if args.weights:
         params["weights_path"] = str(args.weights.resolve())
+    if args.nodes:
+        address, _, port = (args.master or "").rpartition(":")
+        if not address or not port.isdigit():
+            raise SystemExit("--nodes needs --master ADDRESS:PORT (node rank 0's address and a free port there)")
+        params["rendezvous"] = {"master_addr": address, "master_port": int(port), "node_rank": args.node_rank,
+                                "hostnames": args.nodes.split(",")}
     # serve_sweep checks the parameters itself; an operator's own command may name any folder as weights.
     return serve_sweep(params, progress or (lambda fraction, message: None))
 
 
 def format_summary(stored: dict) -> str:
+    if stored.get("role") == "follower":
+        return f"node rank {stored['node_rank']}: {stored['engine_starts']} engine start(s) headless for node rank 0"
     result = ServeSweepResult.from_dict(stored)
     lines = [f"{result.engine.get('name')} {result.engine.get('version')}: {len(result.trials)} trials, "
              f"{result.engine_starts} engine starts, {result.seconds or 0:.0f} s",

@@ -34,7 +34,9 @@ def stored_result(settings: dict, nodes: int = 1, *, engine: dict = GPU_ENGINE, 
         "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1"} if engine["cpu_build"] else {},
         "weights": weights or {"kind": "validation checkpoint"}, "trial": 3, "startup_s": 41.2,
         "measured": {"output_tokens_per_s": 812.25, "goodput_requests_per_s": 6.5,
-                     "ttft_s": {"p50": 0.021, "p99": 0.093}, "tpot_s": {"p50": 0.0041, "p99": 0.0088}}}}
+                     "ttft_s": {"p50": 0.021, "p99": 0.093}, "tpot_s": {"p50": 0.0041, "p99": 0.0088}},
+        "prediction": {"available": True, "predicted_output_tokens_per_s": 1500.0, "precision": "bf16",
+                       "bound": "memory"}}}
     if nodes > 1:
         result["deployment"] = {"nodes": nodes, "hostnames": [f"node-{rank}" for rank in range(nodes)],
                                 "split": split, "master_addr": "10.1.0.7", "layout": settings}
@@ -272,6 +274,7 @@ def test_every_recipe_says_what_was_measured_under_which_slo_on_what_weights():
         assert ("measured by d0 (trial 3): 812.2 output tokens/s; goodput 6.50 requests/s; TTFT p50 0.0210 s, "
                 "p99 0.0930 s; TPOT p50 0.0041 s, p99 0.0088 s; engine start 41 s") in comments
         assert "SLO: ttft_s <= 0.5 s, tpot_s <= 0.05 s" in comments
+        assert "roofline ceiling: 1500.0 output tokens/s (bf16, memory, from the node's env check)" in comments
         assert "d0 ran it on: node rank 0 node-0, node rank 1 node-1" in comments
         assert any(line.startswith("weights: validation checkpoint (d0 served reduced, random weights")
                    for line in comments)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .launchers import LAUNCHERS, NodeRole, ranks_of, split_over_nodes
-from .recipe import checked_engine, checked_recipe, number
+from .recipe import checked_engine, checked_recipe, number, version
 
 # A host name or address as a recipe may use it (a default MASTER_ADDR, a comment): letters, digits, dots, colons
 # and dashes, not starting with a dash.
@@ -77,6 +77,8 @@ class Deployment:
     startup_s: float | None = None
     master_addr: str | None = None
     hostnames: tuple[str, ...] = ()
+    # The roofline ceiling the measurement is compared with: (output tokens/s, precision, bound), when there is one.
+    ceiling: tuple[float, str, str] | None = None
 
     @property
     def ranks_per_node(self) -> int:
@@ -149,12 +151,13 @@ def deployment(result: dict) -> Deployment:
     hostnames = (tuple(hostnames) if isinstance(hostnames, list) and len(hostnames) == nodes
                  and all(map(host, hostnames)) else ())
     measured = checked.get("measured") if isinstance(checked.get("measured"), dict) else {}
-    figures = {key: number(measured.get(key)) for key in ("output_tokens_per_s", "goodput_requests_per_s",
-                                                         "requests_per_s")}
+    figures = {key: number(measured.get(key)) for key in ("output_tokens_per_s", "goodput_requests_per_s")}
     for metric in ("ttft_s", "tpot_s"):
         spread = measured.get(metric) if isinstance(measured.get(metric), dict) else {}
         figures.update({f"{metric}_{key}": number(spread.get(key)) for key in ("p50", "p99")})
     workload = result.get("workload") if isinstance(result.get("workload"), dict) else {}
+    predicted = checked.get("prediction") if isinstance(checked.get("prediction"), dict) else {}
+    ceiling = number(predicted.get("predicted_output_tokens_per_s"))
     return Deployment(
         engine=checked["engine"], version=checked["version"] or engine["version"], cpu_build=engine["cpu_build"],
         python=engine["python"], settings=checked["settings"], nodes=nodes, split=split,
@@ -162,7 +165,9 @@ def deployment(result: dict) -> Deployment:
         checkpoint=checked["weights"].get("path"), weights=checked["weights"]["kind"],
         measured={key: value for key, value in figures.items() if value is not None},
         slo=checked_slo(workload.get("slo")), trial=checked["trial"], startup_s=checked["startup_s"],
-        master_addr=host(described.get("master_addr")), hostnames=hostnames)
+        master_addr=host(described.get("master_addr")), hostnames=hostnames,
+        ceiling=(ceiling, version(predicted.get("precision")) or "?", version(predicted.get("bound")) or "?")
+        if predicted.get("available") is True and ceiling is not None else None)
 
 
 def summary(plan: Deployment, launcher: str) -> list[str]:
@@ -191,6 +196,9 @@ def summary(plan: Deployment, launcher: str) -> list[str]:
         figures.append(f"engine start {plan.startup_s:.0f} s")
     trial = f" (trial {plan.trial})" if plan.trial is not None else ""
     lines.append(f"measured by d0{trial}: " + ("; ".join(figures) if figures else "no figures reported"))
+    if plan.ceiling is not None:
+        lines.append(f"roofline ceiling: {plan.ceiling[0]:.1f} output tokens/s ({plan.ceiling[1]}, {plan.ceiling[2]}, "
+                     "from the node's env check)")
     units = {"s": " s", "ms": " ms"}
     lines.append("SLO: " + (", ".join(f"{key} <= {value:g}{units.get(key.rsplit('_', 1)[-1], '')}"
                                       for key, value in plan.slo.items()) if plan.slo
@@ -200,9 +208,11 @@ def summary(plan: Deployment, launcher: str) -> list[str]:
                                                    enumerate(plan.hostnames)))
     if plan.weights == "checkpoint":
         lines.append("weights: the team's checkpoint, the same folder on every node")
+    elif plan.weights == "validation checkpoint":
+        lines.append("weights: validation checkpoint (d0 served reduced, random weights: the figures are the serving "
+                     "path's, not your model's); give your checkpoint folder as MODEL")
     else:
-        lines.append(f"weights: {plan.weights} (d0 served reduced, random weights: the figures are the serving "
-                     f"path's, not your model's); give your checkpoint folder as MODEL")
+        lines.append("weights: not reported; give your checkpoint folder as MODEL")
     return lines
 
 
@@ -223,8 +233,9 @@ def _shell_words(words: list[Word], rank_word: str, start_word: str) -> str:
     return " ".join(parameters[word.name] if isinstance(word, Parameter) else shlex.quote(word) for word in words)
 
 
-def _shell_settings(plan: Deployment, *, master_addr: str | None) -> list[str]:
-    """The scripts' parameters with their defaults (each can be set from outside), and the engine's environment."""
+def _shell_settings(plan: Deployment, *, master_line: str) -> list[str]:
+    """The scripts' parameters with their defaults (each can be set from outside; ``master_line`` sets
+    MASTER_ADDR), and the engine's environment."""
     python = plan.python or "python3"
     lines = [f'[ -n "${{PYTHON:-}}" ] || PYTHON={shlex.quote(python)}']
     if plan.checkpoint:
@@ -233,9 +244,7 @@ def _shell_settings(plan: Deployment, *, master_addr: str | None) -> list[str]:
         lines.append(': "${MODEL:?set MODEL to your checkpoint folder (the same path on every node)}"')
     lines += [f"PORT=${{PORT:-{DEFAULT_PORT}}}", "HOST=${HOST:-0.0.0.0}"]
     if plan.nodes > 1:
-        if master_addr is not None:
-            lines.append(master_addr)
-        lines.append(f"MASTER_PORT=${{MASTER_PORT:-{DEFAULT_MASTER_PORT}}}")
+        lines += [master_line, f"MASTER_PORT=${{MASTER_PORT:-{DEFAULT_MASTER_PORT}}}"]
     lines += [f"export {key}={shlex.quote(value)}" for key, value in sorted(plan.env.items())]
     return lines
 
@@ -256,7 +265,7 @@ def bare_metal_script(plan: Deployment) -> str:
               + (", MASTER_ADDR, MASTER_PORT, NODE_RANK" if plan.nodes > 1 else ""), "set -eu"]
     master = (f'[ -n "${{MASTER_ADDR:-}}" ] || MASTER_ADDR={shlex.quote(default)}' if default
               else ': "${MASTER_ADDR:?set MASTER_ADDR to the address of node rank 0}"')
-    lines += _shell_settings(plan, master_addr=master)
+    lines += _shell_settings(plan, master_line=master)
     if plan.nodes == 1:
         lines += [f"# {_role(0, 1)}", "exec " + _shell_words(plan.command(0), "0", "0")]
         return "\n".join(lines) + "\n"
@@ -282,7 +291,7 @@ def slurm_script(plan: Deployment, *, job_name: str = "d0-engine") -> str:
     lines += ["#SBATCH --exclusive", "set -eu"]
     # The job's first host is node rank 0 (SLURM_NODEID 0), so it is the master and serves the API.
     master = 'MASTER_ADDR=${MASTER_ADDR:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)}'
-    lines += _shell_settings(plan, master_addr=master)
+    lines += _shell_settings(plan, master_line=master)
     exported = "PYTHON MODEL PORT HOST" + (" MASTER_ADDR MASTER_PORT" if plan.nodes > 1 else "")
     lines += [f"export {exported}", "", "# One task per node; srun gives each its SLURM_NODEID, its node rank.",
               "d0_node() {"]

@@ -348,6 +348,9 @@ def test_an_unknown_launcher_or_a_refused_recipe_is_a_value_error_naming_it():
     for launcher in ("shell", "slurm", "lws"):
         with pytest.raises(ValueError, match="engine setting dtype"):
             render(report, launcher)
+    follower = {"role": "follower", "node_rank": 1, "engine": GPU_ENGINE, "engine_starts": 2}
+    with pytest.raises(ValueError, match="a following node's report; the recipe is in node rank 0's"):
+        render(follower, "slurm")
     sglang = stored_result({"tensor_parallel_size": 2}, 2, split="nnodes")
     sglang["recipe"]["engine"] = "sglang"
     with pytest.raises(ValueError, match="d0 deploys sglang on one node only"):

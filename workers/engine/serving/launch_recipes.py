@@ -133,6 +133,8 @@ def deployment(result: dict) -> Deployment:
     fails its checks (``recipe.checked_recipe``), or the node count or split is not one vLLM can deploy."""
     if not isinstance(result, dict):
         raise ValueError("the report is not an object")
+    if result.get("role") == "follower":  # a node rank above 0 of a deployment reports no recipe of its own
+        raise ValueError("this is a following node's report; the recipe is in node rank 0's")
     engine = checked_engine(result.get("engine"))
     checked = checked_recipe(result.get("recipe"), engine)
     described = result.get("deployment")

@@ -1,28 +1,38 @@
-"""Engine reports: ``/api/engine-reports/`` (the serve_sweep stages' results) with a ``recipe`` download; serving
+"""Engine reports: ``/api/engine-reports/`` (the serve_sweep stages' results) with a ``recipe`` download for each
+launcher (``?launcher=shell|slurm|lws``); serving
 endpoints someone else runs (``/api/serving-endpoints/``, the API key write-only) and their benchmarks
 (``/api/endpoint-reports/``)."""
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers
 from rest_framework.decorators import action
 
 from ..api.base import CreatorOrTeamAdminMixin, TeamField, TeamScopedViewSet, ValidatedModelSerializer
 from ..models import ServingEndpoint
 from ..reports import ReportViewSet
-from .services import ENDPOINT_REPORT_KIND, ENGINE_REPORT_KIND, recipe_download
+from .services import ENDPOINT_REPORT_KIND, ENGINE_REPORT_KIND, RECIPE_LAUNCHERS, recipe_download
 
 
 class EngineReportViewSet(ReportViewSet):
     """Engine reports: a real engine serving the model on a node, its trials, correctness and recipe. The detail is
-    the JSON; ``recipe`` downloads the best configuration as a shell script."""
+    the JSON; ``recipe`` downloads the best configuration for a launcher: the per-node shell script (``shell``, the
+    default), a Slurm batch script (``slurm``) or a Kubernetes LeaderWorkerSet manifest (``lws``)."""
 
     kind = ENGINE_REPORT_KIND
 
-    @extend_schema(responses={(200, "text/x-shellscript"): str})
+    @extend_schema(
+        parameters=[OpenApiParameter("launcher", str, enum=list(RECIPE_LAUNCHERS), default="shell",
+                                     description="shell: bare-metal commands per node rank; slurm: sbatch script "
+                                                 "(srun, one task per node); lws: LeaderWorkerSet manifest")],
+        responses={(200, "text/x-shellscript"): str, (200, "application/yaml"): str,
+                   (409, "text/plain"): str})
     @action(detail=True, methods=["get"])
     def recipe(self, request, pk=None):
-        run = self.get_object()
-        return recipe_download(run)
+        launcher = request.query_params.get("launcher", "shell")
+        if launcher not in RECIPE_LAUNCHERS:
+            raise serializers.ValidationError(
+                {"launcher": [f"unknown launcher {launcher!r}; one of {', '.join(RECIPE_LAUNCHERS)}"]})
+        return recipe_download(self.get_object(), launcher)
 
 
 class EndpointReportViewSet(ReportViewSet):

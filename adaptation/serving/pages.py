@@ -1,4 +1,5 @@
-"""Engine report pages: the report (recipe first), its JSON and recipe downloads, and two reports side by side."""
+"""Engine report pages: the report (recipe first), its JSON and recipe downloads (bare metal, Slurm, Kubernetes LWS),
+and two reports side by side."""
 
 from __future__ import annotations
 
@@ -25,9 +26,9 @@ def report_json(request, pk):
 
 
 @login_required
-def recipe(request, pk):
-    run = engine_run(request, pk)
-    return recipe_download(run)
+def recipe(request, pk, launcher="shell"):
+    """The recipe for one launcher (the URL names it: recipe.sh, recipe.sbatch, recipe-lws.yaml)."""
+    return recipe_download(engine_run(request, pk), launcher)
 
 
 @login_required

@@ -1,13 +1,14 @@
 """Engine reports as the pages, the API and the downloads read them (the stored results read through the engine's
 ``ServeSweepResult`` and ``EndpointBenchResult``, their trials through its one row declaration, ``trial_row``), the
-recipe as a script (``workers.engine.serving.recipe``), and whether a cluster has a node that serves with a real
+recipe for each launcher (``workers.engine.serving.launch_recipes``: bare metal, Slurm, Kubernetes LeaderWorkerSet),
+and whether a cluster has a node that serves with a real
 engine (then the whole adaptation runs the engine sweep)."""
 
 from __future__ import annotations
 
 from django.http import HttpResponse
 
-from workers.engine.serving.recipe import recipe_script
+from workers.engine.serving.launch_recipes import RECIPES, render
 from workers.engine.sweep.result import EndpointBenchResult, ServeSweepResult
 from workers.engine.sweep.trial_row import endpoint_bench_table, serve_sweep_table
 
@@ -46,14 +47,22 @@ def endpoint_parameters(team, endpoint_id) -> dict:
     return {"base_url": endpoint.base_url, "served_model": endpoint.served_model, "api_key": endpoint.api_key()}
 
 
-def recipe_download(run: StageRun) -> HttpResponse:
-    """``recipe.sh`` of an engine report, or a 409 saying why the node's report makes none."""
+# Each launcher's download (launch_recipes.RECIPES): its content type and file name after "d0-recipe-<id>".
+RECIPE_FILES = {"shell": ("text/x-shellscript", ".sh"), "slurm": ("text/x-shellscript", ".sbatch"),
+                "lws": ("application/yaml", "-lws.yaml")}
+RECIPE_LAUNCHERS = tuple(RECIPES)
+
+
+def recipe_download(run: StageRun, launcher: str = "shell") -> HttpResponse:
+    """An engine report's recipe for ``launcher`` (one of ``RECIPE_LAUNCHERS``: the bare-metal script, the Slurm
+    batch script, the LeaderWorkerSet manifest), or a 409 saying why the node's report makes none."""
+    content_type, suffix = RECIPE_FILES[launcher]
     try:
-        script = recipe_script(run.result or {})
+        text = render(run.result or {}, launcher, name=f"d0-engine-{run.pk}")
     except ValueError as error:
         return HttpResponse(f"No recipe can be written from this report: {error}\n", status=409,
                             content_type="text/plain; charset=utf-8")
-    return download(script, "text/x-shellscript", f"d0-recipe-{run.pk}.sh")
+    return download(text, content_type, f"d0-recipe-{run.pk}{suffix}")
 
 
 def endpoint_report_context(run: StageRun) -> dict:

@@ -74,9 +74,32 @@ def endpoint_report_context(run: StageRun) -> dict:
                      f"(model {run.job.model}, client on {run.node_name}, job {run.job_id})"}
 
 
+def deployment_line(deployment, settings) -> str:
+    """"tp=2 over 2 nodes (node-a, node-b)": the served layout and where, from a stored (node-reported) result."""
+    deployment = deployment if isinstance(deployment, dict) else {}
+    settings = settings if isinstance(settings, dict) else {}
+    names = {"tensor_parallel_size": "tp", "pipeline_parallel_size": "pp", "data_parallel_size": "dp"}
+    shape = [f"{short}={settings[key]}" for key, short in names.items()
+             if isinstance(settings.get(key), int) and settings[key] > 1]
+    if settings.get("enable_expert_parallel") is True:
+        shape.append("ep")
+    nodes = deployment.get("nodes") if isinstance(deployment.get("nodes"), int) else 1
+    hostnames = [str(name)[:64] for name in deployment.get("hostnames") or [] if isinstance(name, str)]
+    where = f"over {nodes} nodes ({', '.join(hostnames)})" if nodes > 1 else "on one node"
+    return f"{' '.join(shape) or 'tp=1'} {where}"
+
+
 def report_context(run: StageRun) -> dict:
     result = ServeSweepResult.from_dict(run.result)
-    return {"run": run, "result": result, "recipe": result.recipe,
+    deployment = run.result.get("deployment") if isinstance(run.result.get("deployment"), dict) else {}
+    plan = run.result.get("plan") if isinstance(run.result.get("plan"), dict) else {}
+    try:  # over several nodes, each node's command (the bare-metal recipe) stands where one command stood
+        node_script = render(run.result, "shell") if (deployment.get("nodes") or 1) > 1 else None
+    except ValueError:
+        node_script = None
+    return {"run": run, "result": result, "recipe": result.recipe, "node_script": node_script,
+            "deployment_line": deployment_line(deployment, (result.recipe or {}).get("settings")),
+            "plan_why": plan.get("why") if isinstance(plan.get("why"), str) else None,
             "prediction_efficiency": result.prediction_efficiency, "engine": result.engine,
             "weights": result.weights, "tensors": result.tensors,
             "correctness": result.correctness or {}, "table": serve_sweep_table(result),

@@ -13,7 +13,7 @@ from workers.engine.sweep.result import EndpointBenchResult, ServeSweepResult, s
 from ..stages import Outcome, StageHandler, register
 from ..models import ServingEndpoint, StageRun
 from ..sweeps.services import with_measured_hardware
-from .services import ENDPOINT_REPORT_KIND, ENGINE_REPORT_KIND, endpoint_parameters, engine_of
+from .services import ENDPOINT_REPORT_KIND, ENGINE_REPORT_KIND, deployment_line, endpoint_parameters, engine_of
 
 
 @register
@@ -83,21 +83,6 @@ class ServeSweep(StageHandler):
         if run.status != "succeeded" or (run.result or {}).get("role") == "follower":
             return None
         return reverse("engine-report", args=[run.pk])
-
-
-def deployment_line(deployment, settings) -> str:
-    """"tp=2 over 2 nodes (node-a, node-b)": the served layout and where, from a stored (node-reported) result."""
-    deployment = deployment if isinstance(deployment, dict) else {}
-    settings = settings if isinstance(settings, dict) else {}
-    names = {"tensor_parallel_size": "tp", "pipeline_parallel_size": "pp", "data_parallel_size": "dp"}
-    shape = [f"{short}={settings[key]}" for key, short in names.items()
-             if isinstance(settings.get(key), int) and settings[key] > 1]
-    if settings.get("enable_expert_parallel") is True:
-        shape.append("ep")
-    nodes = deployment.get("nodes") if isinstance(deployment.get("nodes"), int) else 1
-    hostnames = [str(name)[:64] for name in deployment.get("hostnames") or [] if isinstance(name, str)]
-    where = f"over {nodes} nodes ({', '.join(hostnames)})" if nodes > 1 else "on one node"
-    return f"{' '.join(shape) or 'tp=1'} {where}"
 
 
 @register

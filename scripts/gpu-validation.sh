@@ -59,4 +59,26 @@ if [ -n "$VLLM_PY" ]; then
 else
   echo "no vLLM on this machine: the engine trial was not run" | tee "$out/serve-not-run.txt"
 fi
+# A multi-process expert-parallel trial: one deployment of two "nodes" on this machine (two d0 serve processes, each
+# its own GPU, joined by vLLM's --data-parallel-* flags through d0's rendezvous on 127.0.0.1), DP=2 + EP on the
+# validation checkpoint of Qwen3-30B-A3B's architecture: the layout the CPU build cannot run (tests/
+# test_serving_multinode.py), and DeepSeek-style deployments use on GPUs. Needs vLLM and two GPUs.
+gpus=$($PY -c "import torch; print(torch.cuda.device_count())")
+if [ -n "$VLLM_PY" ] && [ "$gpus" -ge 2 ]; then
+  echo "== serve-ep-qwen3-30b-a3b-2nodes"
+  port=$($PY -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+  pids=()
+  for rank in 1 0; do
+    CUDA_VISIBLE_DEVICES=$rank D0_NODE_ADDRESS=127.0.0.1 VLLM_HOST_IP=127.0.0.1 timeout 540 $PY -m workers.engine serve \
+      "$configs/qwen3-30b-a3b.json" --engine "vllm=$VLLM_PY" --grid '{"max_num_seqs": [8]}' --no-correctness \
+      --settings '{"data_parallel_size": 2, "enable_expert_parallel": true, "gpu_memory_utilization": 0.5}' \
+      --nodes node-0,node-1 --node-rank $rank --master "127.0.0.1:$port" --json \
+      > "$out/serve-ep-rank$rank.json" 2> "$out/serve-ep-rank$rank.stderr" &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || echo "   failed: see $out/serve-ep-rank*.stderr"; done
+else
+  echo "the expert-parallel trial needs vLLM and two GPUs (vLLM: ${VLLM_PY:-none}, GPUs: $gpus): not run" \
+    | tee "$out/serve-ep-not-run.txt"
+fi
 ls -la "$out"

@@ -132,3 +132,31 @@ def test_recipes_download_to_the_team_only(two_node_report, outsider_api, anon_a
         client = Client()
         client.force_login(outsider)
         assert client.get(f"/engines/{pk}/{PAGES[launcher]}").status_code == 404
+
+
+def test_a_multi_node_report_names_its_layout_and_nodes_and_shows_each_nodes_command(two_node_report, member, node):
+    from adaptation import stages
+    from adaptation.jobs.outcomes import outcome
+
+    StageRun.objects.filter(pk=two_node_report.pk).update(result={
+        **StageRun.objects.get(pk=two_node_report.pk).result,
+        "plan": {"why": "the plan needs 16 devices on 2 nodes; this cluster has 2 nodes of 1: tp=2 on 2 nodes"}})
+    leader = StageRun.objects.get(pk=two_node_report.pk)
+    line = outcome(leader)
+    assert "at tp=2 over 2 nodes (node-0, node-1)" in line["summary"]
+    assert any("the plan needs 16 devices" in warning for warning in line["warnings"])
+    client = Client()
+    client.force_login(member)
+    page = client.get(f"/engines/{leader.pk}/").content.decode()
+    assert "Layout: tp=2 over 2 nodes (node-0, node-1)" in page and 'id="node-commands"' in page
+    assert "--node-rank 1" in page and "--headless" in page  # each node's command, not node rank 0's alone
+
+    # The follower's run: its report is no recipe, the control plane keeps it as it came, and its line says so.
+    follower = StageRun.objects.create(job=leader.job, kind="serve_sweep", node=node, node_name="node-1",
+                                       status="succeeded", result={"role": "follower", "node_rank": 1,
+                                                                   "engine_starts": 2, "starts": []})
+    stages.handler("serve_sweep").store(follower)
+    assert StageRun.objects.get(pk=follower.pk).result["role"] == "follower"
+    assert outcome(follower)["summary"] == \
+        "node rank 1 of the deployment: ran 2 engine start(s) headless for node rank 0"
+    assert stages.handler("serve_sweep").page(leader.job, follower) is None

@@ -127,18 +127,18 @@ def test_single_node_parameters_make_no_deployment():
     assert not spans_nodes({"max_num_seqs": 4})  # the correctness check's TP=1 engine runs on node rank 0 alone
 
 
-@pytest.mark.parametrize("settings, nodes, split", [
+@pytest.mark.parametrize("layout, nodes, split", [
     ({"tensor_parallel_size": 2}, 2, "nnodes"), ({"tensor_parallel_size": 8, "pipeline_parallel_size": 2}, 2, "nnodes"),
     ({"data_parallel_size": 16, "enable_expert_parallel": True}, 2, "dp"), ({"tensor_parallel_size": 8}, 1, "one")])
-def test_a_layout_spreads_over_nodes_as_vllm_spreads_it(settings, nodes, split):
-    assert split_over_nodes(settings, nodes) == split
+def test_a_layout_spreads_over_nodes_as_vllm_spreads_it(layout, nodes, split):
+    assert split_over_nodes(layout, nodes) == split
 
 
-@pytest.mark.parametrize("settings, nodes, message", [
+@pytest.mark.parametrize("layout, nodes, message", [
     ({"tensor_parallel_size": 3}, 2, "a replica of 3 ranks"), ({"data_parallel_size": 3}, 2, "data_parallel_size=3")])
-def test_a_layout_vllm_cannot_spread_is_refused(settings, nodes, message):
+def test_a_layout_vllm_cannot_spread_is_refused(layout, nodes, message):
     with pytest.raises(ValueError, match=message):
-        split_over_nodes(settings, nodes)
+        split_over_nodes(layout, nodes)
 
 
 def test_each_node_gets_vllms_own_multi_node_arguments(tmp_path):

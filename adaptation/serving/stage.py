@@ -65,6 +65,8 @@ class ServeSweep(StageHandler):
         verdict = (result.correctness or {}).get("verdict")
         if verdict not in (None, "agree"):
             warnings.append(f"correctness: {verdict}")
+        if result.verdict and not result.verdict.confirmed:
+            warnings.append(f"the pick is {result.verdict.verdict}: {result.verdict.reason}")
         return Outcome(f"recipe on {result.engine.get('name', '?')} {result.engine.get('version') or ''}: "
                        f"{measured.get('output_tokens_per_s') or 0:.1f} output tok/s; {served(result.trials)}",
                        warnings)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from ..parameters import ParameterError
 from ..sweep.metrics import DEFINITIONS, summarize
 from ..sweep.result import Metrics, ServingBest, ServingTrial, TrialWorkload
 from ..sweep.search import MAX_GRID_VALUES, SEARCHES, Space
+from ..sweep.verdict import MIN_RUNS, judge
 from ..sweep.workload import MAX_IN_FLIGHT, Workload
 from .checkpoint import vocab_size, write_validation_checkpoint
 from .client import Endpoint, run_requests
@@ -46,6 +48,8 @@ MAX_CONFIGURATIONS = 64
 # processes; the KV cache is sized by VLLM_CPU_KVCACHE_SPACE instead.
 CPU_DEFAULTS = {"gpu_memory_utilization": 0.1, "kv_cache_space_gib": 1}
 SAMPLE_S = 0.2
+# The configurations judged (the winner and its runner-up), each served until it has MIN_RUNS runs.
+FINALISTS = 2
 
 
 def check_grid(grid: dict) -> None:
@@ -119,7 +123,8 @@ def engine_space(fill) -> Space:
                  at_least_as_large=at_least_as_large,
                  skipped=lambda config, reason: ServingTrial(settings=fill(config.settings), client=config.client,
                                                              status="skipped", reason=reason).as_dict(),
-                 # Each confirmation is another engine start, and best_trial here takes the best run, not a median.
+                 # The finalists are served again by repeat_finalists, within one start each, not by the halving's
+                 # confirmation runs (an engine start each).
                  confirm_finalists=False)
 
 
@@ -246,22 +251,90 @@ def run_trials(session: Session, settings: dict, clients: list[dict], workload: 
     return trials
 
 
+def deciding_figure(workload: Workload) -> str:
+    """What picks the winner: goodput under the SLOs when the workload has SLOs, else output tokens/s."""
+    return "goodput_requests_per_s" if workload.slo else "output_tokens_per_s"
+
+
+def _full_runs(trials: list[dict], workload: Workload) -> list[list[dict]]:
+    """Per configuration (engine settings and client settings), its runs that served the whole workload (a smart
+    search's short runs do not count), best first: by the median of the deciding figure, then of output tokens/s."""
+    figure = deciding_figure(workload)
+    runs: dict[str, list[dict]] = {}
+    for trial in trials:
+        if trial["status"] == "ok" and trial["workload"]["requests"] == workload.requests:
+            key = json.dumps({"settings": trial["settings"], "client": trial["client"]}, sort_keys=True)
+            runs.setdefault(key, []).append(trial)
+    return sorted(runs.values(), reverse=True, key=lambda group: (
+        statistics.median(trial["metrics"][figure] or 0 for trial in group),
+        statistics.median(trial["metrics"]["output_tokens_per_s"] for trial in group)))
+
+
 def best_trial(trials: list[dict], workload: Workload) -> dict | None:
-    """The highest goodput under the SLOs (then output tokens/s) among trials that served the whole workload (a
-    smart search's short runs do not count); without SLOs the highest output tokens/s."""
-    slo = workload.slo
-    served = [trial for trial in trials
-              if trial["status"] == "ok" and trial["workload"]["requests"] == workload.requests]
-    if slo:
-        return max(served, key=lambda trial: (trial["metrics"]["goodput_requests_per_s"],
-                                              trial["metrics"]["output_tokens_per_s"]), default=None)
-    return max(served, key=lambda trial: trial["metrics"]["output_tokens_per_s"], default=None)
+    """The pick among configurations that served the whole workload, judged as ``sweep.verdict`` judges: the
+    highest median of the deciding figure (goodput under the SLOs, else output tokens/s) over each configuration's
+    runs, confirmed only when all its runs are above the runner-up's. Returns the pick's median run (its figures are
+    one real run's, for the recipe) with ``runs`` (the deciding figure of each run), ``spread`` (their median, mean,
+    range) and ``verdict`` (``verdict.judge``'s, the runner-up in it); None when nothing served."""
+    figure = deciding_figure(workload)
+    groups = _full_runs(trials, workload)
+    # Ranked already (ties broken by output tokens/s): judge's sort is stable, so a tie keeps that order.
+    verdict = judge([{"settings": group[0]["settings"], "client": group[0]["client"],
+                      "trial_ids": [trial["id"] for trial in group],
+                      "runs": [trial["metrics"][figure] or 0 for trial in group]} for group in groups], figure)
+    if verdict is None:
+        return None
+    chosen = next(group for group in groups if [trial["id"] for trial in group] == verdict["winner"]["trial_ids"])
+    ordered = sorted(chosen, key=lambda trial: trial["metrics"][figure] or 0)
+    winner = verdict["winner"]
+    return {**ordered[(len(ordered) - 1) // 2], "runs": winner["runs"],
+            "spread": {key: winner[key] for key in ("count", "median", "mean", "min", "max", "spread")},
+            "verdict": verdict}
+
+
+def repeat_finalists(session: Session, trials: list[dict], workload: Workload, startup_timeout_s: float,
+                     progress) -> dict:
+    """Serve the leading ``FINALISTS`` configurations again until each has ``MIN_RUNS`` runs of the whole
+    workload, so that ``best_trial`` judges repeated figures (appended to ``trials``, marked ``repeat``). Engine
+    starts are the expensive part, so a configuration's missing runs are served back to back within one start, and
+    finalists sharing engine settings (differing in client settings only) share that start, interleaved: at most
+    one start per finalist. Runs within one start share its state (memory layout, compiled graphs), so they vary
+    less than runs of separate starts would; the first run came from another start. When a repeat changes which
+    configurations lead, the new finalist is served again too; a configuration is served again once at most (a
+    failed repeat leaves it with too few runs, which the verdict says). Returns the repeats' trials and starts."""
+    served_again: set[str] = set()
+    repeats, starts = 0, 0
+    while True:
+        missing = []
+        for group in _full_runs(trials, workload)[:FINALISTS]:
+            key = json.dumps({"settings": group[0]["settings"], "client": group[0]["client"]}, sort_keys=True)
+            if len(group) < MIN_RUNS and key not in served_again:
+                served_again.add(key)
+                missing.append((group[0]["settings"], group[0]["client"], MIN_RUNS - len(group)))
+        if not missing:
+            return {"trials": repeats, "engine_starts": starts}
+        by_start: dict[str, tuple[dict, list[list[dict]]]] = {}
+        for settings, client, count in missing:
+            by_start.setdefault(json.dumps(settings, sort_keys=True), (settings, []))[1].append([client] * count)
+        for settings, per_client in by_start.values():
+            # Interleaved, so that a slow spell of the node does not fall on one finalist's runs only.
+            clients = [client for round_ in itertools.zip_longest(*per_client) for client in round_ if client is not None]
+            progress(f"serving the finalists again ({len(clients)} runs, one engine start) so that each has "
+                     f"{MIN_RUNS} runs")
+            again = run_trials(session, settings, clients, workload, startup_timeout_s, len(trials),
+                               lambda message: None)
+            for trial in again:
+                trial["repeat"] = True
+            trials += again
+            repeats, starts = repeats + len(again), starts + 1
 
 
 def run_search(session: Session, groups: list[tuple[dict, list[dict]]], workload: Workload, params: dict,
                progress) -> tuple[list[dict], dict]:
     """The trials of every configuration (grid: one engine start per group, its client settings reusing it), or of
-    successive halving over them; and the search's outcome (strategy, trials run, requests served, seconds)."""
+    successive halving over them, then the finalists served again (``repeat_finalists``) so that the pick is judged
+    on at least ``MIN_RUNS`` runs each; and the search's outcome (strategy, trials run, requests served, seconds,
+    the finalists' repeats and their engine starts)."""
     timeout = params["startup_timeout_s"]
     if params["search"] != "grid":
         configs = [EngineConfiguration(settings, client) for settings, clients in groups for client in clients]
@@ -273,17 +346,27 @@ def run_search(session: Session, groups: list[tuple[dict, list[dict]]], workload
         outcome = SEARCHES[params["search"]](configs, workload, run_trial,
                                     lambda fraction, message: progress(0.05 + 0.8 * fraction, message),
                                     space=engine_space(session.settings))
-        return outcome.pop("trials"), outcome
-    started = time.perf_counter()
-    trials: list[dict] = []
-    for index, (settings, clients) in enumerate(groups):
-        def step(message, index=index):
-            progress(0.05 + 0.8 * index / len(groups), f"configuration {index + 1} of {len(groups)}: {message}")
+        trials = outcome.pop("trials")
+    else:
+        started = time.perf_counter()
+        trials = []
+        for index, (settings, clients) in enumerate(groups):
+            def step(message, index=index):
+                progress(0.05 + 0.8 * index / len(groups), f"configuration {index + 1} of {len(groups)}: {message}")
 
-        trials += run_trials(session, settings, clients, workload, timeout, len(trials), step)
-    return trials, {"strategy": "grid", "configurations": len(trials), "trials_run": len(trials),
-                    "requests_served": sum(trial["workload"]["requests"] for trial in trials),
-                    "seconds": time.perf_counter() - started}
+            trials += run_trials(session, settings, clients, workload, timeout, len(trials), step)
+        outcome = {"strategy": "grid", "configurations": len(trials), "trials_run": len(trials),
+                   "requests_served": sum(trial["workload"]["requests"] for trial in trials),
+                   "seconds": time.perf_counter() - started}
+    started = time.perf_counter()
+    before = len(trials)
+    repeated = repeat_finalists(session, trials, workload, timeout, lambda message: progress(0.85, message))
+    # The finalists' repeats are part of the search's cost, and said apart.
+    outcome.update(finalist_repeats=repeated, trials_run=outcome["trials_run"] + repeated["trials"],
+                   requests_served=outcome["requests_served"] + sum(
+                       (trial.get("workload") or {}).get("requests") or 0 for trial in trials[before:]),
+                   seconds=outcome["seconds"] + time.perf_counter() - started)
+    return trials, outcome
 
 
 def run_serve_sweep(params: dict, progress) -> dict:
@@ -351,7 +434,9 @@ def run_serve_sweep(params: dict, progress) -> dict:
             "grid": grid, "configurations": params["configurations"],
             "settings": params["settings"], "trials": trials,
             "best": ServingBest(id=best["id"], settings=best["settings"], client=best["client"],
-                                metrics=Metrics.from_dict(best["metrics"])).as_dict(),
+                                metrics=Metrics.from_dict(best["metrics"]), runs=best["runs"],
+                                spread=best["spread"]).as_dict(),
+            "verdict": best["verdict"],
             "recipe": {**recipe(best, described, weights), "prediction": predicted},
             "correctness": correctness, "engine_starts": session.starts, "search": search,
             "seconds": time.perf_counter() - started, "metric_definitions": DEFINITIONS}

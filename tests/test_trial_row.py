@@ -80,7 +80,9 @@ def test_a_real_sweeps_result_is_all_declared_by_the_schema(sweep_result):  # no
     stored = json.loads(json.dumps(sweep_result))
     result = SweepResult.from_dict(stored)
     records = [result, result.best, *result.trials, *(trial.metrics for trial in result.trials),
-               *(trial.roofline for trial in result.trials), *(trial.repeats for trial in result.trials)]
+               *(trial.roofline for trial in result.trials), *(trial.repeats for trial in result.trials),
+               result.verdict, result.verdict.winner, result.verdict.runner_up]
+    assert result.verdict.winner.id == result.best.id
     assert [record.extra for record in records if record is not None and record.extra] == []
     assert result.as_dict() == stored
 

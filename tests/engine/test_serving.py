@@ -213,12 +213,11 @@ def test_smart_engine_search_halves_on_short_runs_skips_what_is_larger_than_an_o
     skipped = [trial for trial in trials if trial["status"] == "skipped"]
     assert [trial["settings"]["kv_cache_space_gib"] for trial in skipped] == [400]
     assert "which ran out of memory" in skipped[0]["reason"]
-    # rung 0: five starts on a short workload (the 400 GiB one never starts); rung 1: the best of ceil(4/3) = 2
-    assert [requests for _, requests, _ in starts[:5]] == [9, 9, 9, 9, 9] and len(starts) == 8
-    assert [requests for _, requests, _ in starts[5:7]] == [27, 27]
-    # Then both finalists (max_num_seqs 4 at concurrency 2 and 1) again, in one start they share, two runs each
-    assert starts[7][0]["max_num_seqs"] == 4 and starts[7][1:] == (27, 4)
-    assert search["finalist_repeats"] == {"trials": 4, "engine_starts": 1}
+    # rung 0: five starts on a short workload, one run each (the 400 GiB one never starts); rung 1: the best of
+    # ceil(4/3) = 2 on the full workload, each served three times within its start: no start more for the verdict
+    assert [(requests, runs) for _, requests, runs in starts[:5]] == [(9, 1)] * 5 and len(starts) == 7
+    assert [(requests, runs) for _, requests, runs in starts[5:]] == [(27, 3), (27, 3)]
+    assert search["repeats"] == {"runs": 4, "engine_starts": 0}
     best = module.best_trial(trials, workload)
     assert best["settings"]["max_num_seqs"] == 4 and best["client"] == {"concurrency": 2}
     assert best["workload"]["requests"] == 27 and best["runs"] == [800.0] * 3
@@ -260,25 +259,29 @@ def test_the_recipe_prediction_is_the_roofline_of_the_served_checkpoint_and_flag
 
 
 def test_the_engine_sweeps_pick_is_served_three_times_beside_its_runner_up_and_a_fluke_does_not_win(monkeypatch):
-    """A grid's one run per configuration is not a pick: the leaders are served again (within one engine start per
-    configuration) until the winner and the runner-up have three runs each, and the verdict is made on those. Here
-    max_num_seqs 4 led the first pass by a fluke (900 tok/s; then 150 and 160), so the pick is max_num_seqs 2,
-    confirmed against max_num_seqs 1, which became the runner-up once the fluke was re-served."""
+    """A grid's one run per configuration is not a pick: each configuration is served three times within its engine
+    start (a start costs far more than a workload), and the verdict is made on those runs. Here max_num_seqs 4's
+    first run is a fluke (900 tok/s; then 150 and 160), and max_num_seqs 2's third run fails: it is served once more
+    in an engine start of its own, so that the winner has three runs; it is confirmed against max_num_seqs 1."""
     import importlib
 
     from workers.engine.sweep.result import ServeSweepResult
     from workers.engine.sweep.workload import Workload
 
     module = importlib.import_module("workers.engine.serving.serve_sweep")
-    scripted = {1: [200.0, 205.0, 210.0], 2: [300.0, 305.0, 310.0], 4: [900.0, 150.0, 160.0]}
+    scripted = {1: [200.0, 205.0, 210.0], 2: [300.0, 305.0, None, 310.0], 4: [900.0, 150.0, 160.0]}
     starts = []
 
     def fake_run_trials(session, settings, clients, workload, timeout, first_id, progress):
         starts.append((settings["max_num_seqs"], len(clients)))
-        return [{"id": first_id + offset, "settings": settings, "client": client, "status": "ok", "reason": None,
-                 "metrics": {"output_tokens_per_s": scripted[settings["max_num_seqs"]].pop(0),
-                             "goodput_requests_per_s": None},
-                 "workload": {"requests": workload.requests}} for offset, client in enumerate(clients)]
+        served = []
+        for offset, client in enumerate(clients):
+            tokens_per_s = scripted[settings["max_num_seqs"]].pop(0)
+            served.append({"id": first_id + offset, "settings": settings, "client": client,
+                           "status": "ok" if tokens_per_s else "failed", "reason": None,
+                           "metrics": {"output_tokens_per_s": tokens_per_s, "goodput_requests_per_s": None},
+                           "workload": {"requests": workload.requests}})
+        return served
 
     class FakeSession:
         def settings(self, settings):
@@ -289,11 +292,9 @@ def test_the_engine_sweeps_pick_is_served_three_times_beside_its_runner_up_and_a
     trials, search = module.run_search(FakeSession(), [({"max_num_seqs": seqs}, [{}]) for seqs in (1, 2, 4)],
                                        workload, {"search": "grid", "startup_timeout_s": 60},
                                        lambda fraction, message: None)
-    # Three starts for the grid; then the two leaders (4 and 2), two runs each in a start each; then 1, which the
-    # fluke's fall made a finalist
-    assert starts == [(1, 1), (2, 1), (4, 1), (4, 2), (2, 2), (1, 2)]
-    assert search["finalist_repeats"] == {"trials": 6, "engine_starts": 3} and search["trials_run"] == 9
-    assert [trial["id"] for trial in trials] == list(range(9)) and sum(bool(t.get("repeat")) for t in trials) == 6
+    assert starts == [(1, 3), (2, 3), (4, 3), (2, 1)]
+    assert search["repeats"] == {"runs": 7, "engine_starts": 1} and search["trials_run"] == 10
+    assert [trial["id"] for trial in trials] == list(range(10))
     best = module.best_trial(trials, workload)
     verdict = best["verdict"]
     assert best["settings"] == {"max_num_seqs": 2} and best["runs"] == [300.0, 305.0, 310.0]

@@ -292,16 +292,36 @@ def best_trial(trials: list[dict], workload: Workload) -> dict | None:
             "verdict": verdict}
 
 
+def serve_repeated(session: Session, settings: dict, clients: list[dict], workload: Workload,
+                   startup_timeout_s: float, first_id: int, runs: int, progress) -> list[dict]:
+    """One engine start serving each client setting ``runs`` times, interleaved (c1, c2, c1, c2...: a slow spell of
+    the node does not fall on one configuration's runs only), numbered from ``first_id``; a client setting's runs
+    after its first are marked ``repeat``. A failure is recorded once per client setting, not once per planned run
+    (a start that failed fails them all the same way)."""
+    kept: list[dict] = []
+    seen: set[str] = set()
+    for trial in run_trials(session, settings, clients * runs, workload, startup_timeout_s, first_id, progress):
+        client = json.dumps(trial["client"], sort_keys=True)
+        if trial["status"] != "ok" and any(other["status"] != "ok" and other["client"] == trial["client"]
+                                           for other in kept):
+            continue
+        if client in seen:
+            trial["repeat"] = True
+        seen.add(client)
+        kept.append(trial)
+    for offset, trial in enumerate(kept):
+        trial["id"] = first_id + offset
+    return kept
+
+
 def repeat_finalists(session: Session, trials: list[dict], workload: Workload, startup_timeout_s: float,
                      progress) -> dict:
-    """Serve the leading ``FINALISTS`` configurations again until each has ``MIN_RUNS`` runs of the whole
-    workload, so that ``best_trial`` judges repeated figures (appended to ``trials``, marked ``repeat``). Engine
-    starts are the expensive part, so a configuration's missing runs are served back to back within one start, and
-    finalists sharing engine settings (differing in client settings only) share that start, interleaved: at most
-    one start per finalist. Runs within one start share its state (memory layout, compiled graphs), so they vary
-    less than runs of separate starts would; the first run came from another start. When a repeat changes which
-    configurations lead, the new finalist is served again too; a configuration is served again once at most (a
-    failed repeat leaves it with too few runs, which the verdict says). Returns the repeats' trials and starts."""
+    """The fallback that keeps the rule: serve the leading ``FINALISTS`` configurations again until each has
+    ``MIN_RUNS`` runs of the whole workload (appended to ``trials``, marked ``repeat``). The searches already serve
+    every full-workload run ``MIN_RUNS`` times within its engine start (``serve_repeated``), so this starts an
+    engine only where a repeat failed part-way; finalists sharing engine settings share that start. A configuration
+    is served again once at most (a failed repeat leaves it with too few runs, which the verdict says). Returns the
+    repeats' runs and engine starts."""
     served_again: set[str] = set()
     repeats, starts = 0, 0
     while True:
@@ -312,13 +332,13 @@ def repeat_finalists(session: Session, trials: list[dict], workload: Workload, s
                 served_again.add(key)
                 missing.append((group[0]["settings"], group[0]["client"], MIN_RUNS - len(group)))
         if not missing:
-            return {"trials": repeats, "engine_starts": starts}
+            return {"runs": repeats, "engine_starts": starts}
         by_start: dict[str, tuple[dict, list[list[dict]]]] = {}
         for settings, client, count in missing:
             by_start.setdefault(json.dumps(settings, sort_keys=True), (settings, []))[1].append([client] * count)
         for settings, per_client in by_start.values():
-            # Interleaved, so that a slow spell of the node does not fall on one finalist's runs only.
-            clients = [client for round_ in itertools.zip_longest(*per_client) for client in round_ if client is not None]
+            clients = [client for round_ in itertools.zip_longest(*per_client) for client in round_
+                       if client is not None]
             progress(f"serving the finalists again ({len(clients)} runs, one engine start) so that each has "
                      f"{MIN_RUNS} runs")
             again = run_trials(session, settings, clients, workload, startup_timeout_s, len(trials),
@@ -332,40 +352,46 @@ def repeat_finalists(session: Session, trials: list[dict], workload: Workload, s
 def run_search(session: Session, groups: list[tuple[dict, list[dict]]], workload: Workload, params: dict,
                progress) -> tuple[list[dict], dict]:
     """The trials of every configuration (grid: one engine start per group, its client settings reusing it), or of
-    successive halving over them, then the finalists served again (``repeat_finalists``) so that the pick is judged
-    on at least ``MIN_RUNS`` runs each; and the search's outcome (strategy, trials run, requests served, seconds,
-    the finalists' repeats and their engine starts)."""
+    successive halving over them; every run of the whole workload is served ``MIN_RUNS`` times within its engine
+    start (a start costs far more than serving a workload: 40-100 s on a CPU node, minutes for a large checkpoint
+    on GPUs), so that ``best_trial`` judges repeated figures at no extra start; ``repeat_finalists`` makes up
+    for repeats that failed. Returns the trials and the search's outcome (strategy, trials run, requests served,
+    seconds, ``repeats``: the extra runs and the extra engine starts they took)."""
     timeout = params["startup_timeout_s"]
+    started = time.perf_counter()
     if params["search"] != "grid":
         configs = [EngineConfiguration(settings, client) for settings, clients in groups for client in clients]
+        in_start: list[dict] = []
 
         def run_trial(config: EngineConfiguration, trial_workload: Workload) -> dict:
-            return run_trials(session, config.settings, [config.client], trial_workload, timeout, 0,
-                              lambda message: None)[0]
+            # A short rung's run only ranks; a full run is judged, so it is served MIN_RUNS times in its start.
+            runs = MIN_RUNS if trial_workload.requests == workload.requests else 1
+            first, *again = serve_repeated(session, config.settings, [config.client], trial_workload, timeout, 0,
+                                           runs, lambda message: None)
+            in_start.extend(again)
+            return first
 
         outcome = SEARCHES[params["search"]](configs, workload, run_trial,
                                     lambda fraction, message: progress(0.05 + 0.8 * fraction, message),
                                     space=engine_space(session.settings))
         trials = outcome.pop("trials")
+        for trial in in_start:
+            trials.append({**trial, "id": len(trials)})
     else:
-        started = time.perf_counter()
         trials = []
         for index, (settings, clients) in enumerate(groups):
             def step(message, index=index):
                 progress(0.05 + 0.8 * index / len(groups), f"configuration {index + 1} of {len(groups)}: {message}")
 
-            trials += run_trials(session, settings, clients, workload, timeout, len(trials), step)
-        outcome = {"strategy": "grid", "configurations": len(trials), "trials_run": len(trials),
-                   "requests_served": sum(trial["workload"]["requests"] for trial in trials),
-                   "seconds": time.perf_counter() - started}
-    started = time.perf_counter()
-    before = len(trials)
-    repeated = repeat_finalists(session, trials, workload, timeout, lambda message: progress(0.85, message))
-    # The finalists' repeats are part of the search's cost, and said apart.
-    outcome.update(finalist_repeats=repeated, trials_run=outcome["trials_run"] + repeated["trials"],
-                   requests_served=outcome["requests_served"] + sum(
-                       (trial.get("workload") or {}).get("requests") or 0 for trial in trials[before:]),
-                   seconds=outcome["seconds"] + time.perf_counter() - started)
+            trials += serve_repeated(session, settings, clients, workload, timeout, len(trials), MIN_RUNS, step)
+        outcome = {"strategy": "grid", "configurations": sum(len(clients) for _, clients in groups)}
+    finalists = repeat_finalists(session, trials, workload, timeout, lambda message: progress(0.85, message))
+    outcome.update(trials_run=sum(trial["status"] != "skipped" for trial in trials),
+                   requests_served=sum((trial.get("workload") or {}).get("requests") or 0 for trial in trials
+                                       if trial["status"] != "skipped"),
+                   seconds=time.perf_counter() - started,
+                   repeats={"runs": sum(bool(trial.get("repeat")) for trial in trials),
+                            "engine_starts": finalists["engine_starts"]})
     return trials, outcome
 
 

@@ -299,6 +299,12 @@ class Finalist(Record):
     client: dict | None = None
     trial_ids: list | None = None
 
+    # What names a finalist: a proxy's or an engine's, never both; the other kind's stays out of the stored form.
+    NAMES: ClassVar[tuple[str, ...]] = ("id", "params", "settings", "client", "trial_ids")
+
+    def as_dict(self) -> dict:
+        return {key: value for key, value in super().as_dict().items() if key not in self.NAMES or value is not None}
+
     @property
     def label(self) -> str:
         """The configuration in a few words, for a sentence."""

@@ -236,7 +236,8 @@ class TransformersContinuousBatching(BenchmarkBackend):
         params = next((params for params in configs if self.unsupported_reason(params) is None), None)
         if params is None:
             return True
-        probe = Workload.from_dict({"requests": 1, "prompt_len": 4, "output_len": 2, "warmup_requests": 0})
+        # One warm-up request too: the serving loop reads the manager's state, which exists once it has served.
+        probe = Workload.from_dict({"requests": 1, "prompt_len": 4, "output_len": 2, "warmup_requests": 1})
         try:
             model, cost = self._model(params.precision)
         except Exception:

@@ -40,6 +40,8 @@ def test_fewer_than_three_runs_never_confirm_and_a_lone_finalist_is_uncontested(
     assert judge([], "x") is None
     assert summary([3.0, 1.0, 2.0]) == {"runs": [3.0, 1.0, 2.0], "count": 3, "median": 2.0, "mean": 2.0,
                                         "min": 1.0, "max": 3.0, "spread": 1.0}
+    # An even count's median is a real run's figure, the lower middle, as a trial's reported run is
+    assert summary([1.0, 4.0, 2.0, 3.0])["median"] == 2.0
 
 
 def scripted(runs_by_batch: dict[int, list[list[float]]]):

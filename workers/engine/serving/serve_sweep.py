@@ -18,7 +18,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from ..parameters import ParameterError
 from ..sweep.metrics import DEFINITIONS, summarize
 from ..sweep.result import Metrics, ServingBest, ServingTrial, TrialWorkload
 from ..sweep.search import MAX_GRID_VALUES, SEARCHES, Space
-from ..sweep.verdict import MIN_RUNS, judge
+from ..sweep.verdict import MIN_RUNS, judge, median_run
 from ..sweep.workload import MAX_IN_FLIGHT, Workload
 from .checkpoint import vocab_size, write_validation_checkpoint
 from .client import Endpoint, run_requests
@@ -266,8 +265,8 @@ def _full_runs(trials: list[dict], workload: Workload) -> list[list[dict]]:
             key = json.dumps({"settings": trial["settings"], "client": trial["client"]}, sort_keys=True)
             runs.setdefault(key, []).append(trial)
     return sorted(runs.values(), reverse=True, key=lambda group: (
-        statistics.median(trial["metrics"][figure] or 0 for trial in group),
-        statistics.median(trial["metrics"]["output_tokens_per_s"] for trial in group)))
+        median_run(trial["metrics"][figure] or 0 for trial in group),
+        median_run(trial["metrics"]["output_tokens_per_s"] for trial in group)))
 
 
 def best_trial(trials: list[dict], workload: Workload) -> dict | None:

@@ -15,8 +15,8 @@ The interval is the **range of the runs** (min to max), not a 95% t-interval of 
   intervals is a test at about p < 0.006, so it would call nearly every proxy comparison a tie, and a single
   outlier's pull on the mean and s would decide it.
 - The range is what a reader sees in the table (every run's figure), so the verdict can be checked by eye.
-The centre is the median, the figure of a real run (the trial's reported run is its median one), robust to one
-outlier; the mean is reported beside it.
+The centre is the median, robust to one outlier, taken as the figure of a real run (the lower middle of an even
+count, as a trial's reported run is its median one: ``runner.repeated``); the mean is reported beside it.
 """
 
 from __future__ import annotations
@@ -33,13 +33,19 @@ VERDICTS = (CONFIRMED, INCONCLUSIVE, UNCONTESTED)
 INTERVAL = "min-max of the runs"
 
 
+def median_run(values: Iterable[float]) -> float:
+    """The median as one run's figure: the middle run, the lower middle of an even count."""
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def summary(runs: Iterable[float]) -> dict:
     """A candidate's runs of the deciding figure: each run's value, their count, median, mean, range, and the
     relative spread ((max - min) / median)."""
     values = [float(value) for value in runs]
     if not values:
         raise ValueError("a candidate needs at least one run")
-    median = statistics.median(values)
+    median = median_run(values)
     low, high = min(values), max(values)
     return {"runs": values, "count": len(values), "median": median, "mean": statistics.fmean(values),
             "min": low, "max": high, "spread": (high - low) / median if median else None}

@@ -210,3 +210,26 @@ def test_a_confirmed_pick_is_green_and_a_report_stored_before_verdicts_is_not_ca
     page = client_for.get(f"/sweeps/{stored_sweep(cluster, owner, node, old).pk}/").content.decode()
     assert "Best (not judged: this report was stored before verdicts)" in page and 'class="verdict ok"' not in page
     assert "Finalists re-measured (no verdict: a report stored before verdicts)" in page
+
+
+def test_an_engine_sweeps_tie_is_shown_as_one_with_both_finalists_runs(job, node, member):
+    """The engine report shows the verdict as the proxy's does: a tie is not green, and the runs are there."""
+    from workers.engine.sweep.verdict import judge
+
+    from .test_trial_row import stored_serve_sweep
+
+    stored = stored_serve_sweep()
+    stored["verdict"] = judge([{"settings": {"max_num_seqs": 4}, "client": {"concurrency": 4}, "trial_ids": [1, 2, 3],
+                                "runs": [431.25, 380.0, 520.0]},
+                               {"settings": {"max_num_seqs": 2}, "client": {"concurrency": 2}, "trial_ids": [4, 5, 6],
+                                "runs": [400.0, 410.0, 300.0]}], "output_tokens_per_s")
+    run = StageRun.objects.create(job=job, kind="serve_sweep", node=node, node_name=node.hostname,
+                                  status="succeeded", result=stored)
+    client = Client()
+    client.force_login(member)
+    page = client.get(f"/engines/{run.pk}/").content.decode()
+    assert '<p class="verdict tie">Best configuration (trial 1, inconclusive at this noise)' in page
+    assert "<td>runner-up</td><td>max_num_seqs=2, concurrency=2</td>" in page
+    assert "<td>400.00, 410.00, 300.00</td>" in page
+    outcomes = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "the pick is inconclusive at this noise: the winner&#x27;s runs (380–520 over 3 runs) overlap" in outcomes

@@ -23,7 +23,8 @@ def test_the_job_page_leads_with_each_stages_outcome(member, job, node):
     page = client.get(f"/jobs/{job.pk}/").content.decode()
     outcomes = page[page.index('id="job-outcomes"'):page.index("</ul>", page.index('id="job-outcomes"'))]
     assert "env_probe</strong> on gpu-01: 1 device(s): EPYC" in outcomes
-    assert "best 812.5 output tok/s; 1 of 2 trials served" in outcomes
+    assert ("proxy (reduced model, random weights): best 812.5 output tok/s, not judged (stored before verdicts); "
+            "1 of 2 trials served") in outcomes
     assert "a proxy: a reduced model with random weights on transformers" in outcomes
     assert "the ceiling is suspect" in outcomes
     assert "op_coverage</strong> on gpu-01: tracing failed: no kernel" in outcomes

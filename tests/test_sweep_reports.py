@@ -168,3 +168,68 @@ def stored_sweep(cluster, owner, node, result, slug="qwen3-0.6b") -> StageRun:
     run.start()
     run.finish(result=result)
     return run
+
+
+def test_a_tie_at_this_noise_is_never_shown_as_confirmed_and_the_headline_says_it_is_a_proxy(client_for, cluster,
+                                                                                            owner, node):
+    """Issue 29: Kimi-K2's proxy pick measured 54 to 377 tok/s in its three runs, was shown as "Confirmed" in green,
+    and the job's headline "best 304.1 output tok/s" read as the release's figure."""
+    from .test_sweep_charts import noisy_sweep
+
+    stored = noisy_sweep({1: [[100, 110, 120], [100, 105, 110]], 2: [[290, 300, 310], [158, 200, 250]],
+                          4: [[700, 739, 760], [54, 300, 377]]})
+    stored["knobs_not_swept"] = {"knobs": {"page_size": {"given": [16, 32], "served_at": 16}},
+                                 "why": "RuntimeError: index_copy_", "note": "they were not swept"}
+    run = stored_sweep(cluster, owner, node, stored)
+    page = client_for.get(f"/sweeps/{run.pk}/").content.decode()
+    assert '<p class="verdict tie">Leading, but inconclusive at this noise:' in page
+    assert 'class="verdict ok"' not in page
+    assert "300.0 output tokens/s\n  (median of 3 re-measured runs, 54.0 – 377.0)" in page
+    assert "Verdict: inconclusive at this noise — the winner&#x27;s runs (54–377 over 3 runs) overlap" in page
+    # The first pass's 739 stands in the table only beside the re-measurement that contradicts it, flagged
+    assert "first pass; re-measured 300.0 (3 runs: 54.0 – 377.0)" in page
+    rows = list(csv.DictReader(io.StringIO(client_for.get(f"/sweeps/{run.pk}/trials.csv").content.decode())))
+    assert [float(row["remeasured_output_tokens_per_s"]) for row in rows] == [105, 200, 300]
+    outcomes = client_for.get(f"/jobs/{run.job_id}/").content.decode()
+    assert ("proxy (2-layer reduced model, hidden size 128, random weights): best 300.0 output tok/s (median of 3 "
+            "runs, 54.0–377.0) — inconclusive at this noise; 3 of 3 trials served") in outcomes
+    assert "no winner at this noise" in outcomes
+    assert "Not swept: page_size\n  (given 16, 32, served at 16)" in page
+    assert "not swept: page_size, which the static path this architecture is served by does not use" in outcomes
+
+
+def test_a_confirmed_pick_is_green_and_a_report_stored_before_verdicts_is_not_called_confirmed(client_for, cluster,
+                                                                                              owner, node):
+    from .test_sweep_charts import FLUKE, noisy_sweep
+
+    stored = noisy_sweep({batch: [list(runs) for runs in script] for batch, script in FLUKE.items()})
+    page = client_for.get(f"/sweeps/{stored_sweep(cluster, owner, node, stored).pk}/").content.decode()
+    assert '<p class="verdict ok">Best, confirmed:' in page and "which changed the pick from trial 2" in page
+    old = {**stored, "best": {**stored["best"], "confirmed": True}}
+    del old["verdict"], old["best"]["remeasured"]
+    page = client_for.get(f"/sweeps/{stored_sweep(cluster, owner, node, old).pk}/").content.decode()
+    assert "Best (not judged: this report was stored before verdicts)" in page and 'class="verdict ok"' not in page
+    assert "Finalists re-measured (no verdict: a report stored before verdicts)" in page
+
+
+def test_an_engine_sweeps_tie_is_shown_as_one_with_both_finalists_runs(job, node, member):
+    """The engine report shows the verdict as the proxy's does: a tie is not green, and the runs are there."""
+    from workers.engine.sweep.verdict import judge
+
+    from .test_trial_row import stored_serve_sweep
+
+    stored = stored_serve_sweep()
+    stored["verdict"] = judge([{"settings": {"max_num_seqs": 4}, "client": {"concurrency": 4}, "trial_ids": [1, 2, 3],
+                                "runs": [431.25, 380.0, 520.0]},
+                               {"settings": {"max_num_seqs": 2}, "client": {"concurrency": 2}, "trial_ids": [4, 5, 6],
+                                "runs": [400.0, 410.0, 300.0]}], "output_tokens_per_s")
+    run = StageRun.objects.create(job=job, kind="serve_sweep", node=node, node_name=node.hostname,
+                                  status="succeeded", result=stored)
+    client = Client()
+    client.force_login(member)
+    page = client.get(f"/engines/{run.pk}/").content.decode()
+    assert '<p class="verdict tie">Best configuration (trial 1, inconclusive at this noise)' in page
+    assert "<td>runner-up</td><td>max_num_seqs=2, concurrency=2</td>" in page
+    assert "<td>400.00, 410.00, 300.00</td>" in page
+    outcomes = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "the pick is inconclusive at this noise: the winner&#x27;s runs (380–520 over 3 runs) overlap" in outcomes

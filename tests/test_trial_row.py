@@ -80,7 +80,9 @@ def test_a_real_sweeps_result_is_all_declared_by_the_schema(sweep_result):  # no
     stored = json.loads(json.dumps(sweep_result))
     result = SweepResult.from_dict(stored)
     records = [result, result.best, *result.trials, *(trial.metrics for trial in result.trials),
-               *(trial.roofline for trial in result.trials), *(trial.repeats for trial in result.trials)]
+               *(trial.roofline for trial in result.trials), *(trial.repeats for trial in result.trials),
+               result.verdict, result.verdict.winner, result.verdict.runner_up]
+    assert result.verdict.winner.id == result.best.id
     assert [record.extra for record in records if record is not None and record.extra] == []
     assert result.as_dict() == stored
 
@@ -126,11 +128,12 @@ def test_the_engine_and_endpoint_reports_show_their_trials_through_the_same_row_
 
 def test_the_engines_command_line_prints_the_same_trial_rows(capsys):
     main(["sweep", str(CONFIGS / "qwen3-0.6b.json"), "--batch-sizes", "1,2", "--requests", "2", "--prompt-len", "8",
-          "--output-len", "3", "--device", "cpu", "--confirm-top", "1"])
+          "--output-len", "3", "--device", "cpu", "--confirm-top", "2"])
     lines = capsys.readouterr().out.splitlines()
     header = next(line for line in lines if line.startswith("id "))
     assert all(column.header in header for column in SWEEP_COLUMNS if column.terminal)
     rows = lines[lines.index(header) + 2:lines.index(header) + 4]
     assert [row.split()[1:4] for row in rows] == [["fp32", "1", "16"], ["fp32", "2", "16"]]
     assert any(line.startswith("Best: trial ") for line in lines)
+    assert any(line.startswith(("Verdict: confirmed: ", "Verdict: inconclusive at this noise: ")) for line in lines)
     assert any(line.startswith("Search: grid, 2 trials run of 2 configurations") for line in lines)

@@ -71,6 +71,8 @@ class ServeSweep(StageHandler):
         verdict = (result.correctness or {}).get("verdict")
         if verdict not in (None, "agree"):
             warnings.append(f"correctness: {verdict}")
+        if result.verdict and not result.verdict.confirmed:
+            warnings.append(f"the pick is {result.verdict.verdict}: {result.verdict.reason}")
         plan = stored.get("plan") if isinstance(stored.get("plan"), dict) else {}
         if plan.get("why"):
             warnings.append(f"layout: {plan['why']}"[:500])

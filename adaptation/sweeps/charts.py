@@ -1,8 +1,12 @@
-"""The charts of a sweep's benchmark report, built server-side with plotly from the stored trials: throughput vs
-batch size per precision; TTFT and TPOT vs batch size; latency CDF (from each trial's recorded p50/p90/p99);
-throughput vs latency with its Pareto front; the roofline with every trial on it; predicted vs measured time.
-Metric definitions are vLLM's (see workers/engine/sweep/metrics.py); the result is read through the engine's
-``SweepResult`` and a trial's efficiency, flag included, through its ``Efficiency``.
+"""The charts of a sweep's benchmark report, built server-side with plotly from the stored trials: the finalists'
+re-measured runs and the verdict; throughput vs batch size per precision; TTFT and TPOT vs batch size; latency CDF
+(from each trial's recorded p50/p90/p99); throughput vs latency with its Pareto front; the roofline with every trial
+on it; predicted vs measured time. Metric definitions are vLLM's (see workers/engine/sweep/metrics.py); the result
+is read through the engine's ``SweepResult`` and a trial's efficiency, flag included, through its ``Efficiency``.
+
+Throughput is drawn as the verdict judges it (``verdict.summary``): the median of a configuration's runs with their
+range as error bars, and for a re-measured finalist its re-measured runs, never the first pass's figure that the
+selection biased.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import json
 import plotly.graph_objects as go
 
 from workers.engine.sweep.result import SweepResult, SweepTrial
+from workers.engine.sweep.verdict import summary
 
 
 def _layout(title: str, x: str, y: str, **extra) -> dict:
@@ -19,34 +24,78 @@ def _layout(title: str, x: str, y: str, **extra) -> dict:
             "height": 360, "margin": {"l": 70, "r": 20, "t": 50, "b": 60}, **extra}
 
 
-def _by_precision(trials: list[SweepTrial]) -> dict[str, list[SweepTrial]]:
-    """Per precision, the best trial (highest output tokens/s) at each batch size, by batch size: the curves a
-    reader compares; every trial is in the table, the Pareto plot and the roofline."""
-    best: dict[tuple[str, int], SweepTrial] = {}
+def judged_throughput(result: SweepResult, trial: SweepTrial) -> dict:
+    """A trial's output tokens/s as the verdict judges it: ``verdict.summary`` (median, min, max...) of its
+    re-measured runs when it was a finalist, else of its own runs (its one figure in a report without them)."""
+    repeats = result.remeasured(trial.id) or trial.repeats
+    return summary(repeats.output_tokens_per_s if repeats and repeats.output_tokens_per_s
+                   else [trial.metrics.output_tokens_per_s])
+
+
+def _error_bars(figures: list[dict]) -> dict:
+    return {"type": "data", "symmetric": False, "array": [figure["max"] - figure["median"] for figure in figures],
+            "arrayminus": [figure["median"] - figure["min"] for figure in figures]}
+
+
+def _by_precision(result: SweepResult, trials: list[SweepTrial]) -> dict[str, list[tuple[SweepTrial, dict]]]:
+    """Per precision, the best trial (highest judged median output tokens/s) at each batch size, by batch size, with
+    its judged figure: the curves a reader compares; every trial is in the table, the Pareto plot and the roofline."""
+    best: dict[tuple[str, int], tuple[SweepTrial, dict]] = {}
     for trial in trials:
         key = (trial.params["precision"], trial.params["batch_size"])
-        if key not in best or trial.metrics.output_tokens_per_s > best[key].metrics.output_tokens_per_s:
-            best[key] = trial
-    groups: dict[str, list[SweepTrial]] = {}
-    for (precision, _), trial in sorted(best.items()):
-        groups.setdefault(precision, []).append(trial)
+        judged = judged_throughput(result, trial)
+        if key not in best or judged["median"] > best[key][1]["median"]:
+            best[key] = (trial, judged)
+    groups: dict[str, list[tuple[SweepTrial, dict]]] = {}
+    for (precision, _), entry in sorted(best.items()):
+        groups.setdefault(precision, []).append(entry)
     return groups
+
+
+def _verdict_chart(result: SweepResult) -> go.Figure | None:
+    """The finalists' re-measured runs (median, and each run), the winner and runner-up named, the verdict in the
+    title: the figures the pick was made on. None when nothing was re-measured."""
+    rows = [row for row in (result.confirmation or {}).get("candidates") or []
+            if row.get("status") == "ok" and (row.get("repeats") or {}).get("output_tokens_per_s")]
+    if not rows:
+        return None
+    verdict = result.verdict
+    title = (f"Finalists re-measured: {verdict.verdict}" if verdict
+             else "Finalists re-measured (no verdict: a report stored before verdicts)")
+    figure = go.Figure(layout=_layout(title, "configuration", "output tokens/s"))
+    roles = {}
+    if verdict and verdict.winner:
+        roles[verdict.winner.id] = "winner"
+        if verdict.runner_up:
+            roles[verdict.runner_up.id] = "runner-up"
+    names = [f"#{row['id']} {row['params']['precision']} bs{row['params']['batch_size']}"
+             + (f" ({roles[row['id']]})" if row["id"] in roles else "") for row in rows]
+    judged = [summary(row["repeats"]["output_tokens_per_s"]) for row in rows]
+    figure.add_trace(go.Scatter(x=names, y=[entry["median"] for entry in judged], error_y=_error_bars(judged),
+                                mode="markers", marker={"size": 11}, name="median of the re-measured runs"))
+    figure.add_trace(go.Scatter(x=[name for name, entry in zip(names, judged, strict=True) for _ in entry["runs"]],
+                                y=[run for entry in judged for run in entry["runs"]], mode="markers",
+                                marker={"symbol": "circle-open", "color": "#98a2b3"}, name="each run"))
+    return figure
 
 
 def figures(stored: dict) -> dict[str, go.Figure]:
     """The charts of a stored sweep result."""
     result = SweepResult.from_dict(stored)
     trials = result.ok_trials
-    groups = _by_precision(trials)
+    groups = _by_precision(result, trials)
     label = [f"#{t.id} {t.params['precision']} bs{t.params['batch_size']} "
              f"page{t.params['page_size']} mbt{t.params['max_batch_tokens']}" for t in trials]
-    throughput = go.Figure(layout=_layout("Output throughput vs batch size (best per size)", "batch size",
+    throughput = go.Figure(layout=_layout("Output throughput vs batch size (best per size; median and range of "
+                                          "the runs, re-measured for the finalists)", "batch size",
                                           "output tokens/s"))
     latency = go.Figure(layout=_layout("TTFT and TPOT (p50) vs batch size (best per size)", "batch size", "seconds"))
-    for precision, members in groups.items():
+    for precision, entries in groups.items():
+        members = [trial for trial, _ in entries]
+        judged = [figure for _, figure in entries]
         sizes = [trial.params["batch_size"] for trial in members]
-        throughput.add_trace(go.Scatter(x=sizes, y=[t.metrics.output_tokens_per_s for t in members],
-                                        mode="markers+lines", name=precision))
+        throughput.add_trace(go.Scatter(x=sizes, y=[figure["median"] for figure in judged],
+                                        error_y=_error_bars(judged), mode="markers+lines", name=precision))
         latency.add_trace(go.Scatter(x=sizes, y=[t.metrics.ttft_s.p50 for t in members],
                                      mode="markers+lines", name=f"TTFT {precision}"))
         latency.add_trace(go.Scatter(x=sizes, y=[t.metrics.tpot_s.p50 if t.metrics.tpot_s else None for t in members],
@@ -112,8 +161,9 @@ def figures(stored: dict) -> dict[str, go.Figure]:
     top = max([t.roofline.measured_seconds for t in trials] or [1])
     predicted.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="measured = predicted",
                                    line={"dash": "dash", "color": "#98a2b3"}))
-    return {"throughput": throughput, "latency": latency, "cdf": cdf, "pareto": pareto, "roofline": roofline,
-            "predicted": predicted}
+    verdict = _verdict_chart(result)
+    return {**({"verdict": verdict} if verdict else {}), "throughput": throughput, "latency": latency, "cdf": cdf,
+            "pareto": pareto, "roofline": roofline, "predicted": predicted}
 
 
 def chart_data(stored: dict) -> dict[str, dict]:

@@ -186,15 +186,15 @@ def test_smart_engine_search_halves_on_short_runs_skips_what_is_larger_than_an_o
 
     def fake_run_trials(session, settings, clients, workload, timeout, first_id, progress):
         filled = session.settings(settings)
-        starts.append((filled, workload.requests))
+        starts.append((filled, workload.requests, len(clients)))
         if filled.get("kv_cache_space_gib", 0) >= 200:
             return [{"id": first_id, "settings": filled, "client": clients[0], "status": "failed",
                      "cause": "out of memory", "reason": "less than requested memory", "metrics": None,
                      "workload": {"requests": workload.requests}}]
-        rate = 100.0 * filled["max_num_seqs"] * clients[0].get("concurrency", 1)
-        return [{"id": first_id, "settings": filled, "client": clients[0], "status": "ok", "reason": None,
-                 "metrics": {"output_tokens_per_s": rate, "goodput_requests_per_s": None},
-                 "workload": {"requests": workload.requests}}]
+        return [{"id": first_id + offset, "settings": filled, "client": client, "status": "ok", "reason": None,
+                 "metrics": {"output_tokens_per_s": 100.0 * filled["max_num_seqs"] * client.get("concurrency", 1),
+                             "goodput_requests_per_s": None},
+                 "workload": {"requests": workload.requests}} for offset, client in enumerate(clients)]
 
     class FakeSession:
         def settings(self, settings):
@@ -213,12 +213,15 @@ def test_smart_engine_search_halves_on_short_runs_skips_what_is_larger_than_an_o
     skipped = [trial for trial in trials if trial["status"] == "skipped"]
     assert [trial["settings"]["kv_cache_space_gib"] for trial in skipped] == [400]
     assert "which ran out of memory" in skipped[0]["reason"]
-    # rung 0: five starts on a short workload (the 400 GiB one never starts); rung 1: the best of ceil(4/3) = 2
-    assert [requests for _, requests in starts[:5]] == [9, 9, 9, 9, 9] and len(starts) == 7
-    assert [requests for _, requests in starts[5:]] == [27, 27]
+    # rung 0: five starts on a short workload, one run each (the 400 GiB one never starts); rung 1: the best of
+    # ceil(4/3) = 2 on the full workload, each served three times within its start: no start more for the verdict
+    assert [(requests, runs) for _, requests, runs in starts[:5]] == [(9, 1)] * 5 and len(starts) == 7
+    assert [(requests, runs) for _, requests, runs in starts[5:]] == [(27, 3), (27, 3)]
+    assert search["repeats"] == {"runs": 4, "engine_starts": 0}
     best = module.best_trial(trials, workload)
     assert best["settings"]["max_num_seqs"] == 4 and best["client"] == {"concurrency": 2}
-    assert best["workload"]["requests"] == 27 and best["rung"] == 1
+    assert best["workload"]["requests"] == 27 and best["runs"] == [800.0] * 3
+    assert best["verdict"]["verdict"] == "confirmed" and best["verdict"]["runner_up"]["runs"] == [400.0] * 3
     assert all(0.05 <= fraction <= 0.85 for fraction, _ in progress)
     # A short run's figure never becomes the recipe, even when it was the fastest
     trials[0]["metrics"]["output_tokens_per_s"] = 1e9
@@ -253,3 +256,83 @@ def test_the_recipe_prediction_is_the_roofline_of_the_served_checkpoint_and_flag
     assert "faster than the predicted ceiling" in faster["note"]
     fp8 = prediction(llama_folder, {**best, "settings": {"kv_cache_dtype": "fp8"}}, lengths, hardware)
     assert not fp8["available"] and "quantized" in fp8["reason"]
+
+
+def test_the_engine_sweeps_pick_is_served_three_times_beside_its_runner_up_and_a_fluke_does_not_win(monkeypatch):
+    """A grid's one run per configuration is not a pick: each configuration is served three times within its engine
+    start (a start costs far more than a workload), and the verdict is made on those runs. Here max_num_seqs 4's
+    first run is a fluke (900 tok/s; then 150 and 160), and max_num_seqs 2's third run fails: it is served once more
+    in an engine start of its own, so that the winner has three runs; it is confirmed against max_num_seqs 1."""
+    import importlib
+
+    from workers.engine.sweep.result import ServeSweepResult
+    from workers.engine.sweep.workload import Workload
+
+    module = importlib.import_module("workers.engine.serving.serve_sweep")
+    scripted = {1: [200.0, 205.0, 210.0], 2: [300.0, 305.0, None, 310.0], 4: [900.0, 150.0, 160.0]}
+    starts = []
+
+    def fake_run_trials(session, settings, clients, workload, timeout, first_id, progress):
+        starts.append((settings["max_num_seqs"], len(clients)))
+        served = []
+        for offset, client in enumerate(clients):
+            tokens_per_s = scripted[settings["max_num_seqs"]].pop(0)
+            served.append({"id": first_id + offset, "settings": settings, "client": client,
+                           "status": "ok" if tokens_per_s else "failed", "reason": None,
+                           "metrics": {"output_tokens_per_s": tokens_per_s, "goodput_requests_per_s": None},
+                           "workload": {"requests": workload.requests}})
+        return served
+
+    class FakeSession:
+        def settings(self, settings):
+            return settings
+
+    monkeypatch.setattr(module, "run_trials", fake_run_trials)
+    workload = Workload.from_dict({"requests": 8, "prompt_len": 8, "output_len": 8})
+    trials, search = module.run_search(FakeSession(), [({"max_num_seqs": seqs}, [{}]) for seqs in (1, 2, 4)],
+                                       workload, {"search": "grid", "startup_timeout_s": 60},
+                                       lambda fraction, message: None)
+    assert starts == [(1, 3), (2, 3), (4, 3), (2, 1)]
+    assert search["repeats"] == {"runs": 7, "engine_starts": 1} and search["trials_run"] == 10
+    assert [trial["id"] for trial in trials] == list(range(10))
+    best = module.best_trial(trials, workload)
+    verdict = best["verdict"]
+    assert best["settings"] == {"max_num_seqs": 2} and best["runs"] == [300.0, 305.0, 310.0]
+    assert best["metrics"]["output_tokens_per_s"] == 305.0 == best["spread"]["median"]  # the median run's figures
+    assert verdict["verdict"] == "confirmed" and verdict["runner_up"]["settings"] == {"max_num_seqs": 1}
+    assert verdict["runner_up"]["runs"] == [200.0, 205.0, 210.0]
+    # Stored and read back, and a report stored before verdicts still reads
+    stored = ServeSweepResult.from_dict({"trials": trials, "verdict": verdict, "best": {
+        "id": best["id"], "settings": best["settings"], "runs": best["runs"], "spread": best["spread"]}})
+    assert stored.verdict.confirmed and stored.verdict.runner_up.label == "max_num_seqs=1"
+    assert stored.best.runs == [300.0, 305.0, 310.0] and stored.trials[-1].repeat
+    old = ServeSweepResult.from_dict({"trials": trials[:3], "best": {"id": 2, "settings": {"max_num_seqs": 4}}})
+    assert old.verdict is None and old.best.runs is None
+
+
+def test_an_engine_pick_within_the_noise_of_its_runner_up_is_a_tie_judged_on_goodput_under_slos(monkeypatch):
+    import importlib
+
+    from workers.engine.sweep.workload import Workload
+
+    module = importlib.import_module("workers.engine.serving.serve_sweep")
+    goodput = {2: [4.0, 2.0, 3.5], 4: [3.0, 3.2, 2.5]}
+
+    def fake_run_trials(session, settings, clients, workload, timeout, first_id, progress):
+        return [{"id": first_id + offset, "settings": settings, "client": client, "status": "ok",
+                 "metrics": {"goodput_requests_per_s": goodput[settings["max_num_seqs"]].pop(0),
+                             "output_tokens_per_s": 1000.0 * settings["max_num_seqs"]},  # not the deciding figure
+                 "workload": {"requests": workload.requests}} for offset, client in enumerate(clients)]
+
+    class FakeSession:
+        def settings(self, settings):
+            return settings
+
+    monkeypatch.setattr(module, "run_trials", fake_run_trials)
+    workload = Workload.from_dict({"requests": 8, "prompt_len": 8, "output_len": 8, "slo": {"ttft_s": 0.5}})
+    trials, _ = module.run_search(FakeSession(), [({"max_num_seqs": seqs}, [{}]) for seqs in (2, 4)], workload,
+                                  {"search": "grid", "startup_timeout_s": 60}, lambda fraction, message: None)
+    best = module.best_trial(trials, workload)
+    assert best["verdict"]["figure"] == "goodput_requests_per_s" and best["settings"] == {"max_num_seqs": 2}
+    assert best["verdict"]["verdict"] == "inconclusive at this noise" and best["runs"] == [4.0, 2.0, 3.5]
+    assert best["metrics"]["goodput_requests_per_s"] == 3.5  # the median run

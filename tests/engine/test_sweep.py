@@ -282,7 +282,14 @@ def test_a_twelve_configuration_sweep_of_the_reduced_model_stores_every_metric_p
     confirmation = result["confirmation"]
     assert [row["id"] for row in confirmation["candidates"]] == [trial["id"] for trial in top]
     picked = max(confirmation["candidates"], key=lambda row: row["remeasured"])
-    assert result["best"]["id"] == confirmation["picked"] == picked["id"] and result["best"]["confirmed"]
+    assert result["best"]["id"] == confirmation["picked"] == picked["id"] and result["best"]["remeasured"]
+    # Judged on the re-measured runs: confirmed only when they all beat the runner-up's
+    verdict = result["verdict"]
+    assert verdict["winner"]["id"] == picked["id"] and verdict["winner"]["runs"] == picked["repeats"][
+        "output_tokens_per_s"]
+    assert result["best"]["confirmed"] == (verdict["verdict"] == "confirmed") == (
+        verdict["winner"]["min"] > verdict["runner_up"]["max"])
+    assert result["knobs_not_swept"] is None  # Qwen3 pages: its two page sizes were swept
     assert result["best"]["metrics"]["output_tokens_per_s"] == picked["remeasured"]
     assert result["best"]["first_pass_output_tokens_per_s"] == picked["first_pass"]
     assert result["best"]["repeats"]["count"] == 3
@@ -417,22 +424,32 @@ def test_an_architecture_the_paged_cache_cannot_hold_is_served_by_static_batches
     """DeepSeek-V3's MLA does not fit transformers' paged cache; its trials are served by the model's own cache in
     static batches, marked as such with the reason, instead of all failing."""
     config = json.loads((QWEN3_PATH.parent / "deepseek-v3.json").read_text())
-    result = run_sweep(config, grid={"precision": ["fp32"], "batch_size": [1, 2], "page_size": [16],
-                                     "max_batch_tokens": [64]},
+    result = run_sweep(config, grid={"precision": ["fp32"], "batch_size": [1, 2], "page_size": [16, 32],
+                                     "max_batch_tokens": [64, 128]},
                        workload={"requests": 4, "prompt_len": 8, "output_len": 4}, device="cpu",
                        hardware={"memory_bandwidth_bytes_per_s": 2e10, "flops_per_s": {"fp32": 1e11}})
+    # Page size and max batch tokens do nothing there: not swept (8 configurations would be 2 measured 4 times
+    # each, their differences noise a pick could be made of), and the result says so
     assert [trial["status"] for trial in result["trials"]] == ["ok", "ok"]
+    assert [(t["params"]["page_size"], t["params"]["max_batch_tokens"]) for t in result["trials"]] == [(16, 64)] * 2
+    assert result["grid"]["page_size"] == [16] and result["grid"]["max_batch_tokens"] == [64]
+    assert result["knobs_not_swept"]["knobs"] == {"page_size": {"given": [16, 32], "served_at": 16},
+                                                  "max_batch_tokens": {"given": [64, 128], "served_at": 64}}
+    # Why: the paged cache's own error, the one every trial's fallback names
+    assert result["knobs_not_swept"]["why"] == result["trials"][0]["details"]["paged_cache_error"]
+    assert "not swept" in result["knobs_not_swept"]["note"]
     for trial in result["trials"]:
         assert trial["details"]["serving_path"].startswith("static batches") and trial["details"]["paged_cache_error"]
         assert trial["metrics"]["output_tokens_per_s"] > 0 and trial["metrics"]["ttft_s"]["p50"] > 0
     [(path, served)] = result["serving_paths"].items()
     assert "page_size and max_batch_tokens are not knobs" in path and served["trials"] == 2 and served["why"]
     assert result["best"] is not None
-    plain = run_sweep(QWEN3, grid={"precision": ["fp32"], "batch_size": [2], "page_size": [16],
+    plain = run_sweep(QWEN3, grid={"precision": ["fp32"], "batch_size": [2], "page_size": [16, 32],
                                    "max_batch_tokens": [64]},
                       workload={"requests": 2, "prompt_len": 8, "output_len": 2}, device="cpu",
                       hardware={"memory_bandwidth_bytes_per_s": 2e10, "flops_per_s": {"fp32": 1e11}})
     assert list(plain["serving_paths"]) == ["continuous batching with a paged KV cache"]
+    assert plain["knobs_not_swept"] is None and len(plain["trials"]) == 2  # the paged cache pages: both swept
 
 
 def test_a_failing_configuration_is_not_repeated(monkeypatch):

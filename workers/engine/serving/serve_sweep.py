@@ -29,6 +29,7 @@ from ..parameters import ParameterError
 from ..sweep.metrics import DEFINITIONS, summarize
 from ..sweep.result import Metrics, ServingBest, ServingTrial, TrialWorkload
 from ..sweep.search import MAX_GRID_VALUES, SEARCHES, Space
+from ..sweep.verdict import MIN_RUNS, judge, median_run
 from ..sweep.workload import MAX_IN_FLIGHT, Workload
 from .checkpoint import vocab_size, write_validation_checkpoint
 from .client import Endpoint, run_requests
@@ -49,6 +50,8 @@ MAX_CONFIGURATIONS = 64
 # processes; the KV cache is sized by VLLM_CPU_KVCACHE_SPACE instead.
 CPU_DEFAULTS = {"gpu_memory_utilization": 0.1, "kv_cache_space_gib": 1}
 SAMPLE_S = 0.2
+# The configurations judged (the winner and its runner-up), each served until it has MIN_RUNS runs.
+FINALISTS = 2
 
 
 def check_grid(grid: dict) -> None:
@@ -122,7 +125,8 @@ def engine_space(fill) -> Space:
                  at_least_as_large=at_least_as_large,
                  skipped=lambda config, reason: ServingTrial(settings=fill(config.settings), client=config.client,
                                                              status="skipped", reason=reason).as_dict(),
-                 # Each confirmation is another engine start, and best_trial here takes the best run, not a median.
+                 # The finalists are served again by repeat_finalists, within one start each, not by the halving's
+                 # confirmation runs (an engine start each).
                  confirm_finalists=False)
 
 
@@ -266,44 +270,148 @@ def run_trials(session: Session, settings: dict, clients: list[dict], workload: 
     return trials
 
 
+def deciding_figure(workload: Workload) -> str:
+    """What picks the winner: goodput under the SLOs when the workload has SLOs, else output tokens/s."""
+    return "goodput_requests_per_s" if workload.slo else "output_tokens_per_s"
+
+
+def _full_runs(trials: list[dict], workload: Workload) -> list[list[dict]]:
+    """Per configuration (engine settings and client settings), its runs that served the whole workload (a smart
+    search's short runs do not count), best first: by the median of the deciding figure, then of output tokens/s."""
+    figure = deciding_figure(workload)
+    runs: dict[str, list[dict]] = {}
+    for trial in trials:
+        if trial["status"] == "ok" and trial["workload"]["requests"] == workload.requests:
+            key = json.dumps({"settings": trial["settings"], "client": trial["client"]}, sort_keys=True)
+            runs.setdefault(key, []).append(trial)
+    return sorted(runs.values(), reverse=True, key=lambda group: (
+        median_run(trial["metrics"][figure] or 0 for trial in group),
+        median_run(trial["metrics"]["output_tokens_per_s"] for trial in group)))
+
+
 def best_trial(trials: list[dict], workload: Workload) -> dict | None:
-    """The highest goodput under the SLOs (then output tokens/s) among trials that served the whole workload (a
-    smart search's short runs do not count); without SLOs the highest output tokens/s."""
-    slo = workload.slo
-    served = [trial for trial in trials
-              if trial["status"] == "ok" and trial["workload"]["requests"] == workload.requests]
-    if slo:
-        return max(served, key=lambda trial: (trial["metrics"]["goodput_requests_per_s"],
-                                              trial["metrics"]["output_tokens_per_s"]), default=None)
-    return max(served, key=lambda trial: trial["metrics"]["output_tokens_per_s"], default=None)
+    """The pick among configurations that served the whole workload, judged as ``sweep.verdict`` judges: the
+    highest median of the deciding figure (goodput under the SLOs, else output tokens/s) over each configuration's
+    runs, confirmed only when all its runs are above the runner-up's. Returns the pick's median run (its figures are
+    one real run's, for the recipe) with ``runs`` (the deciding figure of each run), ``spread`` (their median, mean,
+    range) and ``verdict`` (``verdict.judge``'s, the runner-up in it); None when nothing served."""
+    figure = deciding_figure(workload)
+    groups = _full_runs(trials, workload)
+    # Ranked already (ties broken by output tokens/s): judge's sort is stable, so a tie keeps that order.
+    verdict = judge([{"settings": group[0]["settings"], "client": group[0]["client"],
+                      "trial_ids": [trial["id"] for trial in group],
+                      "runs": [trial["metrics"][figure] or 0 for trial in group]} for group in groups], figure)
+    if verdict is None:
+        return None
+    chosen = next(group for group in groups if [trial["id"] for trial in group] == verdict["winner"]["trial_ids"])
+    ordered = sorted(chosen, key=lambda trial: trial["metrics"][figure] or 0)
+    winner = verdict["winner"]
+    return {**ordered[(len(ordered) - 1) // 2], "runs": winner["runs"],
+            "spread": {key: winner[key] for key in ("count", "median", "mean", "min", "max", "spread")},
+            "verdict": verdict}
+
+
+def serve_repeated(session: Session, settings: dict, clients: list[dict], workload: Workload,
+                   startup_timeout_s: float, first_id: int, runs: int, progress) -> list[dict]:
+    """One engine start serving each client setting ``runs`` times, interleaved (c1, c2, c1, c2...: a slow spell of
+    the node does not fall on one configuration's runs only), numbered from ``first_id``; a client setting's runs
+    after its first are marked ``repeat``. A failure is recorded once per client setting, not once per planned run
+    (a start that failed fails them all the same way)."""
+    kept: list[dict] = []
+    seen: set[str] = set()
+    for trial in run_trials(session, settings, clients * runs, workload, startup_timeout_s, first_id, progress):
+        client = json.dumps(trial["client"], sort_keys=True)
+        if trial["status"] != "ok" and any(other["status"] != "ok" and other["client"] == trial["client"]
+                                           for other in kept):
+            continue
+        if client in seen:
+            trial["repeat"] = True
+        seen.add(client)
+        kept.append(trial)
+    for offset, trial in enumerate(kept):
+        trial["id"] = first_id + offset
+    return kept
+
+
+def repeat_finalists(session: Session, trials: list[dict], workload: Workload, startup_timeout_s: float,
+                     progress) -> dict:
+    """The fallback that keeps the rule: serve the leading ``FINALISTS`` configurations again until each has
+    ``MIN_RUNS`` runs of the whole workload (appended to ``trials``, marked ``repeat``). The searches already serve
+    every full-workload run ``MIN_RUNS`` times within its engine start (``serve_repeated``), so this starts an
+    engine only where a repeat failed part-way; finalists sharing engine settings share that start. A configuration
+    is served again once at most (a failed repeat leaves it with too few runs, which the verdict says). Returns the
+    repeats' runs and engine starts."""
+    served_again: set[str] = set()
+    repeats, starts = 0, 0
+    while True:
+        missing = []
+        for group in _full_runs(trials, workload)[:FINALISTS]:
+            key = json.dumps({"settings": group[0]["settings"], "client": group[0]["client"]}, sort_keys=True)
+            if len(group) < MIN_RUNS and key not in served_again:
+                served_again.add(key)
+                missing.append((group[0]["settings"], group[0]["client"], MIN_RUNS - len(group)))
+        if not missing:
+            return {"runs": repeats, "engine_starts": starts}
+        by_start: dict[str, tuple[dict, list[list[dict]]]] = {}
+        for settings, client, count in missing:
+            by_start.setdefault(json.dumps(settings, sort_keys=True), (settings, []))[1].append([client] * count)
+        for settings, per_client in by_start.values():
+            clients = [client for round_ in itertools.zip_longest(*per_client) for client in round_
+                       if client is not None]
+            progress(f"serving the finalists again ({len(clients)} runs, one engine start) so that each has "
+                     f"{MIN_RUNS} runs")
+            again = run_trials(session, settings, clients, workload, startup_timeout_s, len(trials),
+                               lambda message: None)
+            for trial in again:
+                trial["repeat"] = True
+            trials += again
+            repeats, starts = repeats + len(again), starts + 1
 
 
 def run_search(session: Session, groups: list[tuple[dict, list[dict]]], workload: Workload, params: dict,
                progress) -> tuple[list[dict], dict]:
     """The trials of every configuration (grid: one engine start per group, its client settings reusing it), or of
-    successive halving over them; and the search's outcome (strategy, trials run, requests served, seconds)."""
+    successive halving over them; every run of the whole workload is served ``MIN_RUNS`` times within its engine
+    start (a start costs far more than serving a workload: 40-100 s on a CPU node, minutes for a large checkpoint
+    on GPUs), so that ``best_trial`` judges repeated figures at no extra start; ``repeat_finalists`` makes up
+    for repeats that failed. Returns the trials and the search's outcome (strategy, trials run, requests served,
+    seconds, ``repeats``: the extra runs and the extra engine starts they took)."""
     timeout = params["startup_timeout_s"]
+    started = time.perf_counter()
     if params["search"] != "grid":
         configs = [EngineConfiguration(settings, client) for settings, clients in groups for client in clients]
+        in_start: list[dict] = []
 
         def run_trial(config: EngineConfiguration, trial_workload: Workload) -> dict:
-            return run_trials(session, config.settings, [config.client], trial_workload, timeout, 0,
-                              lambda message: None)[0]
+            # A short rung's run only ranks; a full run is judged, so it is served MIN_RUNS times in its start.
+            runs = MIN_RUNS if trial_workload.requests == workload.requests else 1
+            first, *again = serve_repeated(session, config.settings, [config.client], trial_workload, timeout, 0,
+                                           runs, lambda message: None)
+            in_start.extend(again)
+            return first
 
         outcome = SEARCHES[params["search"]](configs, workload, run_trial,
                                     lambda fraction, message: progress(0.05 + 0.8 * fraction, message),
                                     space=engine_space(session.settings))
-        return outcome.pop("trials"), outcome
-    started = time.perf_counter()
-    trials: list[dict] = []
-    for index, (settings, clients) in enumerate(groups):
-        def step(message, index=index):
-            progress(0.05 + 0.8 * index / len(groups), f"configuration {index + 1} of {len(groups)}: {message}")
+        trials = outcome.pop("trials")
+        for trial in in_start:
+            trials.append({**trial, "id": len(trials)})
+    else:
+        trials = []
+        for index, (settings, clients) in enumerate(groups):
+            def step(message, index=index):
+                progress(0.05 + 0.8 * index / len(groups), f"configuration {index + 1} of {len(groups)}: {message}")
 
-        trials += run_trials(session, settings, clients, workload, timeout, len(trials), step)
-    return trials, {"strategy": "grid", "configurations": len(trials), "trials_run": len(trials),
-                    "requests_served": sum(trial["workload"]["requests"] for trial in trials),
-                    "seconds": time.perf_counter() - started}
+            trials += serve_repeated(session, settings, clients, workload, timeout, len(trials), MIN_RUNS, step)
+        outcome = {"strategy": "grid", "configurations": sum(len(clients) for _, clients in groups)}
+    finalists = repeat_finalists(session, trials, workload, timeout, lambda message: progress(0.85, message))
+    outcome.update(trials_run=sum(trial["status"] != "skipped" for trial in trials),
+                   requests_served=sum((trial.get("workload") or {}).get("requests") or 0 for trial in trials
+                                       if trial["status"] != "skipped"),
+                   seconds=time.perf_counter() - started,
+                   repeats={"runs": sum(bool(trial.get("repeat")) for trial in trials),
+                            "engine_starts": finalists["engine_starts"]})
+    return trials, outcome
 
 
 def run_serve_sweep(params: dict, progress) -> dict:
@@ -410,7 +518,9 @@ def _lead(session: Session, params: dict, workload: Workload, weights: dict, pro
     return {"workload": workload.as_dict(), "grid": grid, "configurations": params["configurations"],
             "settings": params["settings"], "trials": trials,
             "best": ServingBest(id=best["id"], settings=best["settings"], client=best["client"],
-                                metrics=Metrics.from_dict(best["metrics"])).as_dict(),
+                                metrics=Metrics.from_dict(best["metrics"]), runs=best["runs"],
+                                spread=best["spread"]).as_dict(),
+            "verdict": best["verdict"],
             "recipe": {**recipe(best, session.described, weights), "prediction": predicted},
             "correctness": correctness, "engine_starts": session.starts, "search": search,
             "metric_definitions": DEFINITIONS}

@@ -3,9 +3,11 @@ serving metrics (TTFT, TPOT, ITL, E2E latency, throughput, goodput, peak memory;
 ``metrics``) and a roofline (predicted ceiling time, efficiency, memory- or compute-bound; see ``roofline``).
 
 Every trial is served ``repeats`` (>= 3) times and reported as its median run with the spread; the best
-configuration is confirmed by re-measuring the search's top candidates (``confirm``); the roofline's ceilings are
-the node's latest env check (the control plane passes them) or measured the env check's way, and its per-step
-overhead is fitted over the sweep's smallest trials and reported (``roofline``).
+configuration is judged by re-measuring the search's top candidates (``confirm``): confirmed only when all its runs
+are above the runner-up's, else inconclusive at this noise (``verdict``, which the engine's serve sweep shares);
+where the paged cache cannot serve the architecture, page size and max batch tokens are not swept. The roofline's
+ceilings are the node's latest env check (the control plane passes them) or measured the env check's way, and its
+per-step overhead is fitted over the sweep's smallest trials and reported (``roofline``).
 
 ``run_sweep(config, grid=..., workload=..., search="grid"|"smart")`` is the entry point; ``sweep_stage`` is the same
 as a node stage. What it returns, and what a serving sweep returns, is typed in ``result`` (with the efficiency rule);

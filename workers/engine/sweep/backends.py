@@ -226,6 +226,32 @@ class TransformersContinuousBatching(BenchmarkBackend):
             self._loaded = (precision, model, cost)
         return self._loaded[1], self._loaded[2]
 
+    def pages(self, configs: list[TrialParams]) -> bool:
+        """Whether the paged cache serves this architecture, found by serving one request of two tokens through it
+        with the first configuration this backend supports (at once, so that a sweep knows before its search
+        whether page_size and max_batch_tokens are knobs at all). An error the probe cannot pin on the paged
+        cache (the model does not build, out of memory) leaves it undecided: True, and the trials say what failed."""
+        if self.paged_cache_error is not None:
+            return False
+        params = next((params for params in configs if self.unsupported_reason(params) is None), None)
+        if params is None:
+            return True
+        # One warm-up request too: the serving loop reads the manager's state, which exists once it has served.
+        probe = Workload.from_dict({"requests": 1, "prompt_len": 4, "output_len": 2, "warmup_requests": 1})
+        try:
+            model, cost = self._model(params.precision)
+        except Exception:
+            return True
+        try:
+            self._serve(model, cost, Trial(params, probe))
+        except Exception as error:
+            if is_out_of_memory(error):
+                self._release()
+                return True
+            self.paged_cache_error = _describe_error(error)
+            return False
+        return True
+
     def run(self, trial: Trial) -> TrialResult:
         params = trial.params
         if reason := self.unsupported_reason(params):

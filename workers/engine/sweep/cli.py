@@ -75,7 +75,8 @@ def add_parser(verbs) -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=_repeats, default=3,
                         help="runs per configuration (at least 3); the median is reported with the spread")
     parser.add_argument("--confirm-top", type=int, default=3,
-                        help="the best trials served again to pick the best by its re-measured median")
+                        help="the best trials served again (at least 2) to pick the best by its re-measured "
+                             "median: confirmed when its runs are all above the runner-up's, else a tie")
     return parser
 
 
@@ -119,6 +120,8 @@ def format_summary(stored: dict) -> str:
                      f"{figure(SWEEP_COLUMNS, 'output_tokens_per_s', best)} output tokens/s, "
                      f"TTFT p50 {figure(SWEEP_COLUMNS, 'ttft_p50_s', best)}, "
                      f"TPOT p50 {figure(SWEEP_COLUMNS, 'tpot_p50_s', best)}, {efficiency}")
+        if result.verdict:
+            lines.append(f"Verdict: {result.verdict.verdict}: {result.verdict.reason}")
     else:
         lines.append("Best: none (no trial served the full workload)")
     search = result.search

@@ -281,6 +281,73 @@ class SweepTrial(Record):
 
 
 @dataclass(kw_only=True)
+class Finalist(Record):
+    """A configuration a verdict judged (``verdict.judge``): its runs of the deciding figure with their count,
+    median, mean, range and relative spread ((max - min) / median), and what names it: a proxy trial's ``id`` and
+    ``params``, an engine sweep's ``settings``, ``client`` and ``trial_ids``."""
+
+    runs: list = field(default_factory=list)
+    count: int | None = None
+    median: float | None = None
+    mean: float | None = None
+    min: float | None = None
+    max: float | None = None
+    spread: float | None = None
+    id: int | None = None
+    params: dict | None = None
+    settings: dict | None = None
+    client: dict | None = None
+    trial_ids: list | None = None
+
+    # What names a finalist: a proxy's or an engine's, never both; the other kind's stays out of the stored form.
+    NAMES: ClassVar[tuple[str, ...]] = ("id", "params", "settings", "client", "trial_ids")
+
+    def as_dict(self) -> dict:
+        return {key: value for key, value in super().as_dict().items() if key not in self.NAMES or value is not None}
+
+    @property
+    def label(self) -> str:
+        """The configuration in a few words, for a sentence."""
+        if self.params:
+            params = self.params
+            return (f"trial {self.id} ({params.get('precision')}, batch size {params.get('batch_size')}, "
+                    f"page size {params.get('page_size')}, max batch tokens {params.get('max_batch_tokens')})")
+        named = {**(self.settings or {}), **(self.client or {})}
+        return ", ".join(f"{key}={value}" for key, value in named.items()) or "the engine's defaults"
+
+
+@dataclass(kw_only=True)
+class Verdict(Record):
+    """Whether a sweep's winner is one (``verdict.judge``): ``verdict`` confirmed, "inconclusive at this noise" or
+    uncontested, the ``figure`` judged, how its ``interval`` is drawn, the ``winner`` and ``runner_up`` and the
+    ``reason`` in a sentence."""
+
+    verdict: str | None = None
+    figure: str | None = None
+    interval: str | None = None
+    winner: Finalist | None = field(default=None, metadata=read_with(Finalist.from_dict))
+    runner_up: Finalist | None = field(default=None, metadata=read_with(Finalist.from_dict))
+    reason: str | None = None
+
+    FIGURE_NAMES: ClassVar[dict[str, str]] = {"output_tokens_per_s": "output tokens/s",
+                                               "goodput_requests_per_s": "goodput (requests/s)"}
+
+    @property
+    def confirmed(self) -> bool:
+        return self.verdict == "confirmed"
+
+    @property
+    def figure_name(self) -> str:
+        return self.FIGURE_NAMES.get(self.figure, self.figure or "?")
+
+    @property
+    def roles(self) -> list[tuple[str, Finalist]]:
+        """The winner and the runner-up (when there is one), named by their role: a report's rows."""
+        return [(role, finalist) for role, finalist in (("winner", self.winner), ("runner-up", self.runner_up))
+                if finalist is not None]
+
+
+@dataclass(kw_only=True)
 class BestTrial(Record):
     """A sweep's pick: the first-pass trial's id and configuration with the figures it was re-measured at."""
 
@@ -290,7 +357,9 @@ class BestTrial(Record):
     roofline: Roofline | None = field(default=None, metadata=read_with(Roofline.from_dict))
     repeats: Repeats | None = field(default=None, metadata=read_with(Repeats.from_dict))
     first_pass_output_tokens_per_s: float | None = None
+    # Confirmed by the verdict (before verdicts were stored, it meant re-measured, which ``remeasured`` says now).
     confirmed: bool | None = None
+    remeasured: bool | None = None
 
     @property
     def efficiency(self) -> Efficiency | None:
@@ -317,6 +386,10 @@ class SweepResult(Record):
     trials: list[SweepTrial] = field(default_factory=list, metadata=read_with(many(SweepTrial)))
     best: BestTrial | None = field(default=None, metadata=read_with(BestTrial.from_dict))
     confirmation: dict | None = None
+    # The verdict over the re-measured finalists (absent from reports stored before verdicts).
+    verdict: Verdict | None = field(default=None, metadata=read_with(Verdict.from_dict))
+    # Page size and max batch tokens where the static path served (they do nothing there): given, served at, why.
+    knobs_not_swept: dict | None = None
     # The bandwidth and FLOP/s the roofline used, where each came from, the per-step overhead fit, the formulas.
     roofline: dict = field(default_factory=dict)
     metric_definitions: dict = field(default_factory=dict)
@@ -324,6 +397,14 @@ class SweepResult(Record):
     @property
     def ok_trials(self) -> list[SweepTrial]:
         return [trial for trial in self.trials if trial.ok]
+
+    def remeasured(self, trial_id) -> Repeats | None:
+        """The runs a confirmation candidate was re-measured at (what the verdict judged), or None for a trial that
+        was not re-measured (or was, before the runs were stored)."""
+        for row in (self.confirmation or {}).get("candidates") or []:
+            if row.get("id") == trial_id and row.get("status") == "ok" and row.get("repeats"):
+                return Repeats.from_dict(row["repeats"])
+        return None
 
     @property
     def over_ceiling(self) -> int:
@@ -351,6 +432,8 @@ class ServingTrial(Record):
     client_cpu_s_per_request: float | None = None
     workload: TrialWorkload | None = field(default=None, metadata=read_with(TrialWorkload.from_dict))
     log_tail: str | None = None
+    # Served again after the search so that a finalist has 3 runs for the verdict (``serve_sweep.repeat_finalists``).
+    repeat: bool | None = None
 
 
 @dataclass(kw_only=True)
@@ -361,6 +444,9 @@ class ServingBest(Record):
     settings: dict | None = None
     client: dict = field(default_factory=dict)
     metrics: Metrics | None = field(default=None, metadata=read_with(Metrics.from_dict))
+    # An engine sweep's pick: its runs of the deciding figure and their median, mean and range (``verdict.summary``).
+    runs: list | None = None
+    spread: dict | None = None
 
 
 @dataclass(kw_only=True)
@@ -383,6 +469,8 @@ class ServeSweepResult(Record):
     search: dict | None = None
     seconds: float | None = None
     metric_definitions: dict = field(default_factory=dict)
+    # The verdict over the finalists, each served at least 3 times (absent from reports stored before verdicts).
+    verdict: Verdict | None = field(default=None, metadata=read_with(Verdict.from_dict))
 
     @property
     def prediction_efficiency(self) -> Efficiency | None:

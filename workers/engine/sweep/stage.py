@@ -8,7 +8,7 @@ import math
 
 from ..parameters import Parameter, device_string, validate
 from ..stage_spec import StageSpec
-from .confirm import CONFIRM_TOP
+from .confirm import CONFIRM_TOP, MIN_CONFIRM_TOP
 from .runner import REPEATS, run_sweep
 from .search import GRID_MAXIMA, MAX_GRID_VALUES, SEARCH_HELP, SEARCHES, grid_values
 from .workload import WORKLOAD_BOUNDS, Workload
@@ -63,7 +63,9 @@ PARAMETERS = (
               "output tokens/s, with every run's figure and the spread beside it", default=REPEATS,
               minimum=MIN_REPEATS, maximum=20),
     Parameter("confirm_top", "int", "the best trials served again (each `repeats` times) to pick the best "
-              "configuration by its re-measured median", default=CONFIRM_TOP, minimum=1, maximum=10),
+              "configuration by its re-measured median: confirmed when all its runs are above the runner-up's, "
+              "else inconclusive at this noise (at least 2: a verdict needs a runner-up)", default=CONFIRM_TOP,
+              minimum=MIN_CONFIRM_TOP, maximum=10),
     Parameter("hardware", "object", "memory_bandwidth_bytes_per_s and flops_per_s by precision for the roofline "
               "(default: the node's latest env check)", nullable=True, check=check_hardware),
     Parameter("device", "str", "device to serve on, e.g. cuda:0 (default: the node's first accelerator, else cpu)",

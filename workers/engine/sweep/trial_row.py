@@ -247,8 +247,36 @@ class TrialTable:
         return written
 
 
+def _remeasured_columns(result: SweepResult) -> tuple[Column, ...]:
+    """The throughput column with a finalist's re-measured runs beside its first pass (flagged where they
+    contradict it: the first pass outside the re-measured range), and the re-measured median as a CSV column, so
+    that no first-pass figure the re-measurement contradicted stands alone."""
+    def remeasured(trial):
+        repeats = result.remeasured(trial.id)
+        return repeats.median if repeats else None
+
+    def cell(trial) -> Cell:
+        first = _throughput(trial)
+        repeats = result.remeasured(trial.id)
+        first_pass = _metric("output_tokens_per_s")(trial)
+        if repeats is None or first_pass is None or repeats.min is None:
+            return first
+        contradicted = not repeats.min <= first_pass <= repeats.max
+        return Cell(first.text, note=f"{first.note} first pass; re-measured {repeats.median:.1f} "
+                                     f"({repeats.count} runs: {repeats.min:.1f} – {repeats.max:.1f})".strip(),
+                    flag=first.flag or contradicted,
+                    title="the re-measured runs contradict the first pass: the verdict uses the re-measured runs"
+                    if contradicted else first.title)
+
+    columns = tuple(Column(column.name, column.header, column.value, column.unit, column.text, cell=cell,
+                           terminal=column.terminal) if column.name == "output_tokens_per_s" else column
+                    for column in SWEEP_COLUMNS)
+    return (*columns, Column("remeasured_output_tokens_per_s", "re-measured tok/s", remeasured, "tokens/s",
+                             _number(".1f"), page=False))
+
+
 def sweep_table(result: SweepResult) -> TrialTable:
-    return TrialTable(SWEEP_COLUMNS, result.trials, result.best.id if result.best else None)
+    return TrialTable(_remeasured_columns(result), result.trials, result.best.id if result.best else None)
 
 
 def serve_sweep_table(result: ServeSweepResult) -> TrialTable:

@@ -4,6 +4,8 @@ conditions; the per-stage times are printed and kept in the job log). A cluster 
 and that stage says how to add one."""
 
 import pytest
+from django.test import Client
+from django.urls import reverse
 
 from adaptation.intake import services as intake
 from adaptation.jobs.placement import stage_assignments
@@ -107,3 +109,12 @@ def test_adapt_on_two_nodes_serves_the_planners_layout_scaled_to_both(stack, tea
     finally:
         member_api.post(f"/api/jobs/{job.pk}/cancel/")
         wait_for(job_status(job.pk, "cancelled", "failed", "succeeded"), 60, "the job to end")
+
+
+@pytest.mark.django_db
+def test_the_proxy_sweep_stays_a_stage_one_can_pick_labelled_a_proxy(member):
+    client = Client()
+    client.force_login(member)
+    form = client.get(reverse("job-create")).content.decode()
+    assert 'value="sweep"' in form and "Proxy sweep (d0&#x27;s reduced model on transformers, not a serving engine)" \
+        in form

@@ -215,3 +215,19 @@ def test_up_prepares_vllm_in_the_background_and_the_local_node_comes_back_offeri
     gone, alive = psutil.wait_procs(children, timeout=20)
     assert alive == [], f"processes left behind: {alive}"
     assert local_engine.read_status(var, "demo/local") is None  # its `up` is gone
+
+    # The next start finds the environment made: the node starts offering vLLM, with no restart to come.
+    prepare.write_text(f"#!/bin/sh\necho {engine}\n")
+    processes, up, base, env = start_up(tmp_path, D0_LOCAL_ENGINE="on", D0_LOCAL_ENGINE_SCRIPT=str(prepare))
+    try:
+        wait_for(quietly(lambda: call(f"{base}/api/status/") == {"status": "up"}), 120, "the web server")
+        assert local_engine.read_status(var, "demo/local")["state"] == "ready"
+        log = processes.log("up")
+        assert log.index("the local node offers vLLM") < log.index("d0 is up at")
+    except BaseException:
+        print(processes.log("up"))
+        raise
+    finally:
+        children = stop(processes, up)
+    gone, alive = psutil.wait_procs(children, timeout=20)
+    assert alive == [], f"processes left behind: {alive}"

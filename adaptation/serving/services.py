@@ -1,8 +1,8 @@
 """Engine reports as the pages, the API and the downloads read them (the stored results read through the engine's
 ``ServeSweepResult`` and ``EndpointBenchResult``, their trials through its one row declaration, ``trial_row``), the
 recipe for each launcher (``workers.engine.serving.launch_recipes``: bare metal, Slurm, Kubernetes LeaderWorkerSet),
-and whether a cluster has a node that serves with a real
-engine (then the whole adaptation runs the engine sweep)."""
+and whether a cluster has a node that serves with a real engine (the whole adaptation ends in the engine's serve
+sweep, which needs one)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,11 @@ def engine_of(host_facts: dict, name: str = "vllm") -> dict | None:
         if isinstance(engine, dict) and engine.get("name") == name and engine.get("usable"):
             return engine
     return None
+
+
+# What the whole adaptation's log says when no node offers an engine yet (its serve sweep then cannot be placed).
+NO_ENGINE = ("no online node of this cluster offers vLLM: start a node worker with --engine vllm=/path/to/its/python "
+             "(scripts/vllm-env.sh makes that environment; `make run` prepares it for its local node)")
 
 
 def cluster_serves(cluster: Cluster, name: str = "vllm") -> bool:

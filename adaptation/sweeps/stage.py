@@ -39,6 +39,9 @@ def headline(result: SweepResult) -> str:
 @register
 class Sweep(StageHandler):
     kind = KIND
+    # The job form's name for it: its figures are d0's stand-in's, never an engine's (the whole adaptation ends in
+    # the engine's serve sweep instead).
+    label = "Proxy sweep (d0's reduced model on transformers, not a serving engine)"
 
     def prepare(self, job, params: dict, nodes: list) -> dict:
         return with_measured_hardware(params, nodes[0])

@@ -7,7 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python}
 gpu=$($PY -c "import torch; print(torch.cuda.get_device_name(0).replace(' ', '-') if torch.cuda.is_available() else 'no-gpu')")
-out=docs/validation/$(date -u +%Y-%m-%d)-$gpu
+out=${OUT_DIR:-docs/validation/$(date -u +%Y-%m-%d)-$gpu}
 mkdir -p "$out"
 configs=adaptation/intake/catalog/configs
 run() {  # name, then the engine command; a failing check is recorded, the others still run

@@ -108,6 +108,8 @@ class Metrics(Record):
     slo: dict | None = None
     good_requests: int | None = None
     goodput_requests_per_s: float | None = None
+    # The percentile SLOs (ttft_p95_ms...) the run broke; absent without percentile SLOs.
+    slo_breaches: list | None = None
     peak_memory_bytes: int | None = None
     peak_memory_source: str | None = None
     # The proxy's: its weights and its paged KV cache, in bytes.
@@ -332,6 +334,23 @@ class SweepResult(Record):
 
 
 @dataclass(kw_only=True)
+class Goodput(Record):
+    """A configuration's goodput search (``serving.goodput``): the highest load (``over``: a Poisson ``rate`` or a
+    closed loop's ``concurrency``) that met the SLOs, the goodput (requests/s) measured there and per device (TP x PP
+    x DP), the runs it took and their serving seconds, and ``rate_sweep``: every run's load, percentiles in ms
+    (``ttft_p95_ms``...), requests/s and whether it met the SLOs, ordered by load."""
+
+    over: str | None = None
+    max_load_meeting_slo: float | None = None
+    goodput_requests_per_s: float | None = None
+    devices: int | None = None
+    goodput_per_device: float | None = None
+    runs: int | None = None
+    serving_s: float | None = None
+    rate_sweep: list = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
 class ServingTrial(Record):
     """A trial of a real engine's sweep (``serving.serve_sweep``: one engine start's ``settings``, its ``command``
     and ``env``, the ``client`` settings it was served with) or of an endpoint benchmark (``client`` only).
@@ -351,6 +370,8 @@ class ServingTrial(Record):
     client_cpu_s_per_request: float | None = None
     workload: TrialWorkload | None = field(default=None, metadata=read_with(TrialWorkload.from_dict))
     log_tail: str | None = None
+    # Where the workload asked for a goodput search: its outcome (the metrics are those of its best run).
+    goodput: Goodput | None = field(default=None, metadata=read_with(Goodput.from_dict))
 
 
 @dataclass(kw_only=True)

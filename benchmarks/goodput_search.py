@@ -4,8 +4,9 @@ full grid (every configuration x a fine Poisson rate sweep), on a simulated engi
 Simulated, not measured: each configuration is a ``SimulatedEngine`` (``workers/engine/serving/simulated.py``: a
 continuous-batching scheduler in virtual time, a step costing a fixed part plus a part per running request plus a
 part per prompt token admitted, lognormal noise per run and per step). The knobs are named as vLLM's, but their
-effect is this model's: ``max_num_seqs`` is the batch cap, CUDA graphs (``enforce_eager`` false) shrink the fixed
-step cost, ``block_size`` 32 trades a slightly cheaper decode for a slightly dearer prefill. Serving time is the
+effect is this model's: ``max_num_seqs`` is the batch cap, ``max_num_batched_tokens`` the chunked prefill's token
+budget per step (a larger one fills the cache faster, so TTFT is shorter, but its steps are longer, so TPOT is
+longer), CUDA graphs (``enforce_eager`` false) shrink the fixed step cost. Serving time is the
 simulated duration of every run (first send to last token), so the ratio is what the two would spend serving on
 an engine that behaves like the model; engine starts are not counted (both start each configuration once).
 
@@ -47,7 +48,8 @@ from workers.engine.sweep.result import ServingTrial  # noqa: E402
 from workers.engine.sweep.search import successive_halving  # noqa: E402
 from workers.engine.sweep.workload import Workload  # noqa: E402
 
-GRID = {"max_num_seqs": [4, 8, 16, 32, 64, 128], "enforce_eager": [False, True], "block_size": [16, 32]}
+GRID = {"max_num_seqs": [16, 64, 256], "max_num_batched_tokens": [256, 512, 2048, 8192],
+        "enforce_eager": [False, True]}
 SLO = {"ttft_p95_ms": 500, "ttft_p99_ms": 1000, "tpot_p95_ms": 40}
 LADDER_START, LADDER_END, LADDER_STEP = 0.5, 32.0, 1.1
 NOISE = 0.05
@@ -56,11 +58,9 @@ WITHIN, TIME_GOAL = 0.95, 0.35
 
 
 def engine(settings: dict) -> SimulatedEngine:
-    decode = 0.97 if settings["block_size"] == 32 else 1.0
-    prefill = 1.05 if settings["block_size"] == 32 else 1.0
-    return SimulatedEngine(max_num_seqs=settings["max_num_seqs"],
-                           step_s=0.015 if settings["enforce_eager"] else 0.006,
-                           token_s=0.0004 * decode, prefill_token_s=0.00004 * prefill, noise=NOISE)
+    return SimulatedEngine(max_num_seqs=settings["max_num_seqs"], step_s=0.015 if settings["enforce_eager"] else 0.006,
+                           token_s=0.0004, prefill_token_s=0.0001, noise=NOISE,
+                           max_num_batched_tokens=settings["max_num_batched_tokens"])
 
 
 def configurations() -> list[EngineConfiguration]:

@@ -108,8 +108,6 @@ class Metrics(Record):
     slo: dict | None = None
     good_requests: int | None = None
     goodput_requests_per_s: float | None = None
-    # The percentile SLOs (ttft_p95_ms...) the run broke; absent without percentile SLOs.
-    slo_breaches: list | None = None
     peak_memory_bytes: int | None = None
     peak_memory_source: str | None = None
     # The proxy's: its weights and its paged KV cache, in bytes.

@@ -95,3 +95,24 @@ def test_a_report_without_a_goodput_search_loads_no_chart_script(engine_report, 
     client.force_login(member)
     page = client.get(f"/engines/{engine_report.pk}/").content.decode()
     assert "Rate sweeps" not in page and "plotly.min.js" not in page
+
+
+def test_a_smart_search_reports_its_share_of_the_full_grids_serving_time(engine_report, member):
+    from workers.engine.sweep.result import ServeSweepResult
+
+    def trial(trial_id, requests, serving_s):
+        return {"id": trial_id, "settings": {"max_num_seqs": trial_id}, "client": {}, "status": "ok",
+                "metrics": {"duration_s": 1.0}, "workload": {"requests": requests},
+                "goodput": {"over": "rate", "serving_s": serving_s, "rate_sweep": []}}
+
+    # Six configurations: four stopped after short searches (20 s each), two served the full workload (90, 110 s).
+    # The grid would have served six full searches of 100 s on average: 280 / 600.
+    stored = {**result(*(trial(index, 20, 20.0) for index in range(4)), trial(4, 60, 90.0), trial(5, 60, 110.0)),
+              "workload": {"requests": 60, "slo": SLO}, "search": {"strategy": "smart", "configurations": 6}}
+    assert ServeSweepResult.from_dict(stored).grid_share == pytest.approx(280 / 600)
+    as_grid = {**stored, "search": {"strategy": "grid", "configurations": 6}}
+    assert ServeSweepResult.from_dict(as_grid).grid_share is None
+    StageRun.objects.filter(pk=engine_report.pk).update(result=stored)
+    client = Client()
+    client.force_login(member)
+    assert "about 47% of the full grid's serving time" in client.get(f"/engines/{engine_report.pk}/").content.decode()

@@ -210,3 +210,19 @@ def test_a_goodput_trial_against_a_server_carries_the_sweep_and_the_goodput_per_
     assert {"rate", "met", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tpot_p95_ms", "requests_per_s"} <= set(point)
     stored = ServingTrial.from_dict({"status": "ok", "goodput": goodput})
     assert stored.goodput.rate_sweep == goodput["rate_sweep"] and stored.as_dict()["goodput"] == goodput
+
+
+def test_a_prompts_file_becomes_the_workloads_lengths_in_turn(tmp_path):
+    from workers.engine.sweep.workload import read_prompts_file
+
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"prompt_len": 40, "output_len": 3}\n\n{"prompt_len": 7, "output_len": 9}\n')
+    workload = Workload.from_dict({"requests": 3, **read_prompts_file(str(trace))})
+    assert [(len(request.prompt_ids), request.output_tokens) for request in workload.measured_requests(50)] == [
+        (40, 3), (7, 9), (40, 3)]
+    trace.write_text('{"prompt_len": 40, "output_len": 3}\n{"prompt_len": 0, "output_len": 9}\n')
+    with pytest.raises(ParameterError, match="line 2 needs positive ints"):
+        read_prompts_file(str(trace))
+    trace.write_text("not json\n")
+    with pytest.raises(ParameterError, match="line 1 is not JSON"):
+        read_prompts_file(str(trace))

@@ -404,6 +404,30 @@ class ServeSweepResult(Record):
     metric_definitions: dict = field(default_factory=dict)
 
     @property
+    def grid_share(self) -> float | None:
+        """A search's serving time as a share of what the full grid would have served: every trial's serving
+        seconds (a goodput search's runs, else the trial's duration) over the configurations times the mean of
+        the full-workload trials' (a grid serves each configuration the full workload once). An estimate: the
+        configurations pruned early may have served faster or slower than those that reached the full workload.
+        None for a grid, or when no trial served the full workload."""
+        search = self.search or {}
+        configurations = search.get("configurations")
+        if search.get("strategy") in (None, "grid") or not isinstance(configurations, int) or configurations < 1:
+            return None
+
+        def seconds(trial: ServingTrial) -> float | None:
+            if trial.goodput and trial.goodput.serving_s is not None:
+                return trial.goodput.serving_s
+            return trial.metrics.duration_s if trial.metrics else None
+
+        served = [trial for trial in self.trials if trial.status == "ok" and seconds(trial) is not None]
+        full = [seconds(trial) for trial in served
+                if trial.workload and trial.workload.requests == self.workload.get("requests")]
+        if not full:
+            return None
+        return sum(map(seconds, served)) / (configurations * sum(full) / len(full))
+
+    @property
     def prediction_efficiency(self) -> Efficiency | None:
         """The recipe's measured throughput against its roofline ceiling, when a prediction was made."""
         prediction = (self.recipe or {}).get("prediction")

@@ -9,6 +9,10 @@ exponential gaps between sends, as vLLM's ``benchmark_serving --request-rate`` d
 ``concurrency`` then caps requests in flight).
 Prompts are random token ids from a seeded generator, so every trial of a sweep sends the same requests.
 
+A prompts file (``read_prompts_file``: JSON lines ``{"prompt_len": 812, "output_len": 130}``, a trace of a team's
+traffic) becomes the two lists, its lines used in turn; the stage's ``prompts_file`` parameter names it, under the
+node's data roots.
+
 SLOs (``slo``) are per request in seconds (``ttft_s``, ``tpot_s``, ``e2e_latency_s``: vLLM's ``--goodput``) or on a
 run's percentile in milliseconds (``ttft_p95_ms``, ``ttft_p99_ms``, ``tpot_p95_ms``...; ``metrics``).
 ``goodput_search``: ``"rate"`` (Poisson arrivals, ``rate`` the first rate tried) or ``"concurrency"`` (a closed loop,
@@ -18,6 +22,7 @@ SLOs (``serving.goodput``), at most ``goodput_runs`` runs of ``requests`` reques
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from dataclasses import asdict, dataclass, field, replace
@@ -238,3 +243,33 @@ class Workload:
         count = self.warmup_requests if self.warmup_requests is not None else (
             self.in_flight_limit(batch_size) or batch_size)
         return self._requests(count, vocab_size, self.seed + WARMUP_SEED_OFFSET, WARMUP_OUTPUT_TOKENS, arrival=False)
+
+
+# A prompts file's size at most: its lines become lists of at most MAX_IN_FLIGHT lengths (``_check_bounds``).
+MAX_PROMPTS_FILE_BYTES = 1 << 20
+
+
+def read_prompts_file(path: str) -> dict:
+    """A prompts file as a workload's ``prompt_len`` and ``output_len`` lists (line i: request i's lengths, then
+    again from the first line). ``path`` is checked against the node's data roots before (a ``path`` parameter)."""
+    with open(path, "rb") as handle:
+        raw = handle.read(MAX_PROMPTS_FILE_BYTES + 1)
+    if len(raw) > MAX_PROMPTS_FILE_BYTES:
+        raise ParameterError("prompts_file", f"is over {MAX_PROMPTS_FILE_BYTES} bytes")
+    prompt_lens, output_lens = [], []
+    for number, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            raise ParameterError("prompts_file", f"line {number} is not JSON") from None
+        if not isinstance(entry, dict) or not all(
+                isinstance(entry.get(key), int) and not isinstance(entry.get(key), bool) and entry[key] >= 1
+                for key in ("prompt_len", "output_len")):
+            raise ParameterError("prompts_file", f"line {number} needs positive ints prompt_len and output_len")
+        prompt_lens.append(entry["prompt_len"])
+        output_lens.append(entry["output_len"])
+    if not prompt_lens:
+        raise ParameterError("prompts_file", "holds no prompts")
+    return {"prompt_len": prompt_lens, "output_len": output_lens}

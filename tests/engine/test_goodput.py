@@ -226,3 +226,19 @@ def test_a_prompts_file_becomes_the_workloads_lengths_in_turn(tmp_path):
     trace.write_text("not json\n")
     with pytest.raises(ParameterError, match="line 1 is not JSON"):
         read_prompts_file(str(trace))
+
+
+def test_a_load_the_server_cannot_drain_in_time_is_a_run_that_missed_not_a_failed_search():
+    # One slot, 0.1 s a request: six requests need 0.6 s, past the 0.5 s timeout at any rate.
+    workload = Workload.from_dict({"requests": 6, "prompt_len": 4, "output_len": 5, "arrival": "poisson",
+                                   "rate": 100.0, "slo": {"ttft_p95_ms": 1000}, "goodput_search": "rate",
+                                   "goodput_runs": 3, "timeout_s": 0.5, "warmup_requests": 0})
+    with FakeEndpoint(slots=1, token_s=0.02) as server:
+        from workers.engine.serving.client import Endpoint
+
+        served = goodput_trial(Endpoint(server.base_url, "fake"), workload, vocab=100, batch=1, settings={})
+    goodput = served["goodput"]
+    assert [point["rate"] for point in goodput["rate_sweep"]] == [25.0, 50.0, 100.0]
+    assert all(point["timed_out"] and not point["met"] for point in goodput["rate_sweep"])
+    assert goodput["max_load_meeting_slo"] is None and goodput["goodput_requests_per_s"] == 0.0
+    assert served["metrics"]["completed"] == 0 and "not all answered" in served["failed"][0]

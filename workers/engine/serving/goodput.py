@@ -151,9 +151,16 @@ def serve_goodput(endpoint: Endpoint, workload: Workload, vocab: int, batch: int
         at_load = Workload.from_dict({**workload.as_dict(), over: load})
         progress(f"goodput search run {len(runs) + 1}: {over} {load:.4g}, {at_load.requests} requests")
         started = time.perf_counter()
-        run = run_requests(endpoint, at_load.measured_requests(vocab),
-                           warmup=at_load.warmup(vocab, batch) if not runs else (),
-                           in_flight=at_load.in_flight_limit(batch), timeout_s=at_load.timeout_s)
+        try:
+            run = run_requests(endpoint, at_load.measured_requests(vocab),
+                               warmup=at_load.warmup(vocab, batch) if not runs else (),
+                               in_flight=at_load.in_flight_limit(batch), timeout_s=at_load.timeout_s)
+        except TimeoutError as error:
+            # A load the engine cannot drain within the trial's timeout does not meet the SLOs; the search goes on.
+            runs.append(None)
+            metrics = {"completed": 0, "failed": at_load.requests, "timed_out": str(error)}
+            point = sweep_point(load, over, metrics, [], at_load.requests, time.perf_counter() - started)
+            return Probe(load, False, metrics, {**point, "timed_out": True})
         runs.append(run)
         metrics = summarize(run.records, at_load.slo)
         point = sweep_point(load, over, metrics, run.records, at_load.requests, time.perf_counter() - started)
@@ -172,7 +179,11 @@ def goodput_trial(endpoint: Endpoint, workload: Workload, vocab: int, batch: int
     shown = search.shown()
     metrics = dict(shown.metrics) if shown.met else {**shown.metrics, "goodput_requests_per_s": 0.0}
     at_load = Workload.from_dict({**workload.as_dict(), search.over: shown.load})
+    answered = [run for run in runs if run is not None]
+    shown_run = runs[search.probes.index(shown)]
     return {"metrics": metrics, "goodput": search.summary(devices(settings)),
-            "client_cpu_s_per_request": sum(run.client_cpu_s_per_request for run in runs) / len(runs),
+            "client_cpu_s_per_request": (sum(run.client_cpu_s_per_request for run in answered) / len(answered)
+                                         if answered else None),
             "in_flight": at_load.in_flight_limit(batch), "requests": shown.point["requests"],
-            "failed": [record.error for record in runs[search.probes.index(shown)].records if record.error]}
+            "failed": ([record.error for record in shown_run.records if record.error] if shown_run
+                       else [metrics["timed_out"]] * shown.point["requests"])}

@@ -133,7 +133,7 @@ class WorkerStack(Processes):
                                "info", "--without-gossip", "--without-mingle"], self.env)
 
     def start_node(self, cluster_ref: str, hostname: str, heartbeat: float = 1.0, token: str | None = None,
-                   extra: tuple[str, ...] = ()) -> None:
+                   extra: tuple[str, ...] = (), env: dict | None = None) -> None:
         """A node worker joining ``cluster_ref`` with a fresh join token of it (or ``token``; "" for none). Its
         key lives in this stack's folder, so starting the same hostname again is a restart of that node."""
         if token is None:
@@ -142,7 +142,7 @@ class WorkerStack(Processes):
                                         "--cluster", cluster_ref, "--hostname", hostname,
                                         "--heartbeat", str(heartbeat), "--state-dir", str(self.log_dir / "node-keys"),
                                         *extra],
-                   {**self.env, "D0_JOIN_TOKEN": token, "D0_CONTROL_KEY": control_public_key()})
+                   {**self.env, "D0_JOIN_TOKEN": token, "D0_CONTROL_KEY": control_public_key(), **(env or {})})
 
     def logs(self) -> str:
         return "\n".join(f"--- {path.name}\n{path.read_text(errors='replace')[-4000:]}"

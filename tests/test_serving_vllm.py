@@ -6,7 +6,6 @@ Each engine start costs 40-100 s on a 2-core machine, so the tests start as few 
 compiling the same tiny model again. (The compiled path is what a GPU node
 runs by default; scripts/gpu-validation.sh serves with it.)"""
 
-import os
 import signal
 import threading
 import time
@@ -24,16 +23,6 @@ from workers.engine.serving.serve_sweep import Session, run_trials
 from workers.engine.sweep.workload import Workload
 
 REPO = Path(__file__).parent.parent
-
-
-@pytest.fixture(scope="session")
-def vllm_python() -> str:
-    python = os.environ.get("D0_TEST_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
-    if not Path(python).exists():
-        if os.environ.get("D0_TEST_VLLM_PYTHON"):
-            pytest.fail(f"D0_TEST_VLLM_PYTHON={python} does not exist")
-        pytest.skip("no vLLM environment: run scripts/vllm-env.sh (scripts/test.sh does)")
-    return python
 
 
 # The tests of what d0 leaves behind when an engine dies or is cancelled keep vLLM's default process tree (API

@@ -47,7 +47,10 @@ class ServeSweep(StageHandler):
     def store(self, run) -> None:
         """What the node said of its engine and recipe is checked as it arrives (``recipe.checked_recipe``): the
         run keeps the checked engine and recipe, the command rebuilt from the checked settings; a recipe that
-        cannot be checked fails the job (a ValueError)."""
+        cannot be checked fails the job (a ValueError). A follower node of a multi-node deployment reports no
+        recipe (node rank 0's run holds it)."""
+        if run.result.get("role") == "follower":
+            return
         engine = checked_engine(run.result.get("engine"))
         try:
             recipe = checked_recipe(run.result.get("recipe"), engine)
@@ -57,6 +60,9 @@ class ServeSweep(StageHandler):
         StageRun.objects.filter(pk=run.pk).update(result=run.result)
 
     def outcome(self, stored: dict) -> Outcome:
+        if stored.get("role") == "follower":
+            return Outcome(f"node rank {stored.get('node_rank', '?')} of the deployment: ran "
+                           f"{stored.get('engine_starts', 0)} engine start(s) headless for node rank 0")
         result = ServeSweepResult.from_dict(stored)
         measured = (result.recipe or {}).get("measured") or {}
         warnings = []
@@ -65,12 +71,33 @@ class ServeSweep(StageHandler):
         verdict = (result.correctness or {}).get("verdict")
         if verdict not in (None, "agree"):
             warnings.append(f"correctness: {verdict}")
-        return Outcome(f"recipe on {result.engine.get('name', '?')} {result.engine.get('version') or ''}: "
+        plan = stored.get("plan") if isinstance(stored.get("plan"), dict) else {}
+        if plan.get("why"):
+            warnings.append(f"layout: {plan['why']}"[:500])
+        return Outcome(f"recipe on {result.engine.get('name', '?')} {result.engine.get('version') or ''} at "
+                       f"{deployment_line(stored.get('deployment'), (result.recipe or {}).get('settings'))}: "
                        f"{measured.get('output_tokens_per_s') or 0:.1f} output tok/s; {served(result.trials)}",
                        warnings)
 
     def page(self, job, run) -> str | None:
-        return reverse("engine-report", args=[run.pk]) if run.status == "succeeded" else None
+        if run.status != "succeeded" or (run.result or {}).get("role") == "follower":
+            return None
+        return reverse("engine-report", args=[run.pk])
+
+
+def deployment_line(deployment, settings) -> str:
+    """"tp=2 over 2 nodes (node-a, node-b)": the served layout and where, from a stored (node-reported) result."""
+    deployment = deployment if isinstance(deployment, dict) else {}
+    settings = settings if isinstance(settings, dict) else {}
+    names = {"tensor_parallel_size": "tp", "pipeline_parallel_size": "pp", "data_parallel_size": "dp"}
+    shape = [f"{short}={settings[key]}" for key, short in names.items()
+             if isinstance(settings.get(key), int) and settings[key] > 1]
+    if settings.get("enable_expert_parallel") is True:
+        shape.append("ep")
+    nodes = deployment.get("nodes") if isinstance(deployment.get("nodes"), int) else 1
+    hostnames = [str(name)[:64] for name in deployment.get("hostnames") or [] if isinstance(name, str)]
+    where = f"over {nodes} nodes ({', '.join(hostnames)})" if nodes > 1 else "on one node"
+    return f"{' '.join(shape) or 'tp=1'} {where}"
 
 
 @register

@@ -242,3 +242,4 @@ def test_a_load_the_server_cannot_drain_in_time_is_a_run_that_missed_not_a_faile
     assert all(point["timed_out"] and not point["met"] for point in goodput["rate_sweep"])
     assert goodput["max_load_meeting_slo"] is None and goodput["goodput_requests_per_s"] == 0.0
     assert served["metrics"]["completed"] == 0 and "not all answered" in served["failed"][0]
+    assert served["any_failed"]

@@ -174,7 +174,7 @@ def goodput_trial(endpoint: Endpoint, workload: Workload, vocab: int, batch: int
                   progress=lambda message: None) -> dict:
     """A serving trial's figures from a goodput search: its ``metrics`` (those of the run that stands for it, with
     no goodput when no load met the SLOs), ``goodput`` (``GoodputSearch.summary``), the client's CPU seconds per
-    request over every run and the requests in flight of the run shown."""
+    request over every run, the requests in flight of the run shown and its failed requests' errors."""
     search, runs = serve_goodput(endpoint, workload, vocab, batch, progress)
     shown = search.shown()
     metrics = dict(shown.metrics) if shown.met else {**shown.metrics, "goodput_requests_per_s": 0.0}
@@ -185,5 +185,8 @@ def goodput_trial(endpoint: Endpoint, workload: Workload, vocab: int, batch: int
             "client_cpu_s_per_request": (sum(run.client_cpu_s_per_request for run in answered) / len(answered)
                                          if answered else None),
             "in_flight": at_load.in_flight_limit(batch), "requests": shown.point["requests"],
+            # Any run's failed or unanswered request (an overloaded run's too): a deployment then waits for what its
+            # other nodes report before judging the engine (``server.settle``).
+            "any_failed": len(answered) < len(runs) or any(record.error for run in answered for record in run.records),
             "failed": ([record.error for record in shown_run.records if record.error] if shown_run
                        else [metrics["timed_out"]] * shown.point["requests"])}

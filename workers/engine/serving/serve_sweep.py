@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -32,9 +33,11 @@ from ..sweep.workload import MAX_IN_FLIGHT, Workload
 from .checkpoint import vocab_size, write_validation_checkpoint
 from .client import Endpoint, run_requests
 from .correctness import check_correctness
+from .deployment import (DeployedServer, DeploymentFailed, Follower, Leader, Rendezvous, layout_of,
+                         spans_nodes)
 from .engines import configured_engines
 from .goodput import goodput_trial
-from .launchers import LAUNCHERS, check_settings
+from .launchers import LAUNCHERS, NodeRole, check_settings, split_over_nodes
 from .recipe import recipe
 from .server import EngineFailed, EngineServer, free_port, stop_servers_on_sigterm
 from .tensors import CheckpointRefused, check_checkpoint
@@ -164,11 +167,13 @@ def _rss(process) -> int:
 
 
 class Session:
-    """One stage's engine, checkpoint and log folder."""
+    """One stage's engine, checkpoint and log folder; ``leader``: node rank 0's side of a deployment over several
+    nodes (``deployment``), whose engine starts then span them all."""
 
-    def __init__(self, engine, described: dict, checkpoint: Path, logs: Path, max_model_len: int):
+    def __init__(self, engine, described: dict, checkpoint: Path, logs: Path, max_model_len: int,
+                 leader: Leader | None = None):
         self.engine, self.described, self.checkpoint, self.logs = engine, described, checkpoint, logs
-        self.max_model_len = max_model_len
+        self.max_model_len, self.leader = max_model_len, leader
         self.launcher = LAUNCHERS[engine.name]
         self.starts = 0
         # Read once: every trial's prompts and the correctness check draw token ids below it.
@@ -183,12 +188,25 @@ class Session:
 
     def server(self, settings: dict) -> tuple[EngineServer, object]:
         self.starts += 1
-        port = free_port()
-        launch = self.launcher.launch(self.engine.python, self.checkpoint, self.settings(settings), port=port,
-                                      cpu_build=bool(self.described.get("cpu_build")))
+        port, filled = free_port(), self.settings(settings)
+        log_path = self.logs / f"engine-{self.starts}.log"
+        cpu_build = bool(self.described.get("cpu_build"))
+        if self.leader is not None and spans_nodes(filled):
+            engine_port = free_port()
+            launch = self.launcher.launch(self.engine.python, self.checkpoint, filled, port=port, cpu_build=cpu_build,
+                                          role=self.leader.role(engine_port, node_address()))
+            server = DeployedServer(launch.command, env=launch.env, port=port, health_path=launch.health_path,
+                                    log_path=log_path, leader=self.leader, settings=filled, engine_port=engine_port)
+            return server, launch
+        launch = self.launcher.launch(self.engine.python, self.checkpoint, filled, port=port, cpu_build=cpu_build)
         server = EngineServer(launch.command, env=launch.env, port=port, health_path=launch.health_path,
-                              log_path=self.logs / f"engine-{self.starts}.log")
+                              log_path=log_path)
         return server, launch
+
+
+def node_address() -> str | None:
+    """The address other nodes reach this one at (the node worker's ``--address``), which vLLM binds to."""
+    return os.environ.get("D0_NODE_ADDRESS") or None
 
 
 def _log_tail(server: EngineServer, lines: int = 40) -> str:
@@ -201,8 +219,9 @@ def _serve(endpoint: Endpoint, workload: Workload, vocab: int, batch: int, setti
         return goodput_trial(endpoint, workload, vocab, batch, settings, progress)
     run = run_requests(endpoint, workload.measured_requests(vocab), warmup=workload.warmup(vocab, batch),
                        in_flight=workload.in_flight_limit(batch), timeout_s=workload.timeout_s)
-    return {"metrics": summarize(run.records, workload.slo), "requests": len(run.records),
-            "failed": [record.error for record in run.records if record.error],
+    failed = [record.error for record in run.records if record.error]
+    return {"metrics": summarize(run.records, workload.slo), "requests": len(run.records), "failed": failed,
+            "any_failed": bool(failed),
             "client_cpu_s_per_request": run.client_cpu_s_per_request, "in_flight": workload.in_flight_limit(batch)}
 
 
@@ -231,6 +250,8 @@ def run_trials(session: Session, settings: dict, clients: list[dict], workload: 
                 raise EngineFailed("timed out", str(error)) from None
             finally:
                 peak = rss.finish()
+            if served["any_failed"]:
+                server.settle()
             if not server.alive():
                 raise server.failure("exited", "the engine exited while serving")
             metrics = {**served["metrics"], "peak_memory_bytes": peak,
@@ -298,7 +319,9 @@ def run_search(session: Session, groups: list[tuple[dict, list[dict]]], workload
 
 
 def run_serve_sweep(params: dict, progress) -> dict:
-    """The serve sweep with ``params`` as the stage checked them, every parameter given (``stage.py``)."""
+    """The serve sweep with ``params`` as the stage checked them, every parameter given (``stage.py``). On a group
+    of nodes (a ``rendezvous``), node rank 0 runs the sweep over engines that span them all and the other nodes
+    follow it (``deployment``)."""
     if not isinstance(params.get("config"), dict):
         raise ValueError("a serve sweep needs the model's config.json, as a JSON object, in params['config']")
     engines = configured_engines()
@@ -310,59 +333,128 @@ def run_serve_sweep(params: dict, progress) -> dict:
     if not described["usable"]:
         raise ServeSweepFailed(f"{engine.name} at {engine.python} is unusable: {described['reason']}")
     workload = Workload.from_dict(params.get("workload") or {})
+    rendezvous = Rendezvous.from_params(params.get("rendezvous"))
+    split = split_over_nodes(params["settings"], rendezvous.nodes if rendezvous else 1)
     stop_servers_on_sigterm()
     started = time.perf_counter()
     with workdirs.workdir("d0-serve-") as work:
         work = Path(work)
         progress(0.0, "preparing the checkpoint")
-        if params.get("weights_path"):
-            checkpoint = Path(params["weights_path"])
-            weights = {"kind": "checkpoint", "path": str(checkpoint),
-                       "description": "the node's checkpoint folder"}
-        else:
-            checkpoint = work / "checkpoint"
-            weights = {"kind": "validation checkpoint", **write_validation_checkpoint(params["config"], checkpoint)}
-        layout = {key: params["settings"].get(key, 1) for key in ("tensor_parallel_size", "pipeline_parallel_size")}
+        checkpoint, weights, tensors = _weights(params, work)
+        deployment = {"nodes": rendezvous.nodes if rendezvous else 1, "split": split,
+                      "hostnames": list(rendezvous.hostnames) if rendezvous else [],
+                      "master_addr": rendezvous.master_addr if rendezvous else None,
+                      "layout": layout_of(params["settings"])}
+        if rendezvous is not None and rendezvous.node_rank > 0:
+            return {**_follow(params, engine, described, checkpoint, work / "logs", rendezvous, workload, progress),
+                    "weights": weights, "deployment": deployment, "plan": params.get("plan"),
+                    "seconds": time.perf_counter() - started}
+        leader = Leader(rendezvous, params["join_timeout_s"]) if rendezvous is not None else None
         try:
-            tensors = check_checkpoint(checkpoint, layout=layout)
-        except CheckpointRefused as refusal:
-            raise ServeSweepFailed(f"the checkpoint was refused before any engine started: {refusal}") from None
-        needed = workload.max_sequence_tokens() + 16
-        session = Session(engine, described, checkpoint, work / "logs", max_model_len=max(256, needed))
-        grid = params["grid"] or ({} if params["configurations"] else DEFAULT_GRID)
-        groups = engine_configurations(params["settings"], grid) if grid else []
-        for given in params["configurations"]:
-            client = {key: given[key] for key in CLIENT_KEYS if key in given}
-            groups.append(({**params["settings"], **{k: v for k, v in given.items() if k not in CLIENT_KEYS}},
-                           [client]))
-        trials, search = run_search(session, groups, workload, params, progress)
-        best = best_trial(trials, workload)
-        if best is None:
-            causes = sorted({f"{trial.get('cause', trial['status'])}: {trial['reason']}"[:300] for trial in trials})
-            raise ServeSweepFailed(f"no configuration of {len(trials)} served its workload: " + "; ".join(causes))
-        try:
-            # The cost model builds the checkpoint on torch's meta device; imported here so that the stage's
-            # declaration (PARAMETERS, checked by the web tier) is importable without torch.
-            from .prediction import prediction
-
-            client_workload = Workload.from_dict({**workload.as_dict(), **best["client"]})
-            lengths = [(len(request.prompt_ids), request.output_tokens)
-                       for request in client_workload.measured_requests(session.vocab)]
-            predicted = prediction(checkpoint, best, lengths, params.get("hardware"))
-        except Exception as error:  # the prediction is beside the measurement; its failure is said, not fatal
-            predicted = {"available": False, "reason": f"the cost model failed: {type(error).__name__}: {error}"}
-        correctness = None
-        if params["correctness"]:
-            progress(0.87, "checking correctness: greedy tokens of the engine and of transformers")
-            correctness = check_correctness(session, best["settings"], vocab=session.vocab,
-                                            tokens=params["correctness_tokens"],
-                                            startup_timeout_s=params["startup_timeout_s"])
+            if leader is not None:
+                progress(0.01, f"waiting for {rendezvous.nodes - 1} node(s) to join the deployment")
+                deployment["joined_after_s"] = leader.wait_for_nodes()
+            needed = workload.max_sequence_tokens() + 16
+            session = Session(engine, described, checkpoint, work / "logs", max_model_len=max(256, needed),
+                              leader=leader)
+            result = _lead(session, params, workload, weights, progress)
+        except DeploymentFailed as failed:
+            leader.end("failed", str(failed))
+            raise ServeSweepFailed(str(failed)) from None
+        except BaseException as error:
+            if leader is not None:
+                leader.end("failed", f"{type(error).__name__}: {error}"[:500])
+            raise
+        if leader is not None:
+            leader.end("done")
     progress(1.0, "done")
-    return {"engine": described, "weights": weights, "tensors": tensors, "workload": workload.as_dict(),
-            "grid": grid, "configurations": params["configurations"],
+    return {"engine": described, "weights": weights, "tensors": tensors, **result, "deployment": deployment,
+            "plan": params.get("plan"), "seconds": time.perf_counter() - started}
+
+
+def _weights(params: dict, work: Path) -> tuple[Path, dict, dict]:
+    """The checkpoint every engine start serves (the node's folder, or a validation checkpoint written from the
+    same seed on every node), what it is, and its tensors checked against the config and the layout."""
+    if params.get("weights_path"):
+        checkpoint = Path(params["weights_path"])
+        weights = {"kind": "checkpoint", "path": str(checkpoint), "description": "the node's checkpoint folder"}
+    else:
+        checkpoint = work / "checkpoint"
+        weights = {"kind": "validation checkpoint", **write_validation_checkpoint(params["config"], checkpoint)}
+    layout = {key: params["settings"].get(key, 1) for key in ("tensor_parallel_size", "pipeline_parallel_size")}
+    try:
+        tensors = check_checkpoint(checkpoint, layout=layout)
+    except CheckpointRefused as refusal:
+        raise ServeSweepFailed(f"the checkpoint was refused before any engine started: {refusal}") from None
+    return checkpoint, weights, tensors
+
+
+def _lead(session: Session, params: dict, workload: Workload, weights: dict, progress) -> dict:
+    """The sweep itself (on one node, or on node rank 0 of a deployment): its trials, best, recipe, correctness."""
+    grid = params["grid"] or ({} if params["configurations"] else DEFAULT_GRID)
+    groups = engine_configurations(params["settings"], grid) if grid else []
+    for given in params["configurations"]:
+        client = {key: given[key] for key in CLIENT_KEYS if key in given}
+        groups.append(({**params["settings"], **{k: v for k, v in given.items() if k not in CLIENT_KEYS}},
+                       [client]))
+    trials, search = run_search(session, groups, workload, params, progress)
+    best = best_trial(trials, workload)
+    if best is None:
+        causes = sorted({f"{trial.get('cause', trial['status'])}: {trial['reason']}"[:300] for trial in trials})
+        raise ServeSweepFailed(f"no configuration of {len(trials)} served its workload: " + "; ".join(causes))
+    try:
+        # The cost model builds the checkpoint on torch's meta device; imported here so that the stage's
+        # declaration (PARAMETERS, checked by the web tier) is importable without torch.
+        from .prediction import prediction
+
+        client_workload = Workload.from_dict({**workload.as_dict(), **best["client"]})
+        lengths = [(len(request.prompt_ids), request.output_tokens)
+                   for request in client_workload.measured_requests(session.vocab)]
+        predicted = prediction(session.checkpoint, best, lengths, params.get("hardware"))
+    except Exception as error:  # the prediction is beside the measurement; its failure is said, not fatal
+        predicted = {"available": False, "reason": f"the cost model failed: {type(error).__name__}: {error}"}
+    correctness = None
+    if params["correctness"]:
+        progress(0.87, "checking correctness: greedy tokens of the engine and of transformers")
+        correctness = check_correctness(session, best["settings"], vocab=session.vocab,
+                                        tokens=params["correctness_tokens"],
+                                        startup_timeout_s=params["startup_timeout_s"])
+    return {"workload": workload.as_dict(), "grid": grid, "configurations": params["configurations"],
             "settings": params["settings"], "trials": trials,
             "best": ServingBest(id=best["id"], settings=best["settings"], client=best["client"],
                                 metrics=Metrics.from_dict(best["metrics"])).as_dict(),
-            "recipe": {**recipe(best, described, weights), "prediction": predicted},
+            "recipe": {**recipe(best, session.described, weights), "prediction": predicted},
             "correctness": correctness, "engine_starts": session.starts, "search": search,
-            "seconds": time.perf_counter() - started, "metric_definitions": DEFINITIONS}
+            "metric_definitions": DEFINITIONS}
+
+
+def _follow(params: dict, engine, described: dict, checkpoint: Path, logs: Path, rendezvous: Rendezvous,
+            workload: Workload, progress) -> dict:
+    """A node rank above 0: each engine start node rank 0 announces, run headless here until it says stop."""
+    progress(0.02, f"joining {rendezvous.name(0)}'s deployment at {rendezvous.master_addr}:{rendezvous.master_port}")
+    try:
+        follower = Follower(rendezvous, params["join_timeout_s"], layout_of(params["settings"]))
+        # Between two starts node rank 0 serves a trial, or checks correctness (an engine start of its own and a
+        # transformers reference): the longest it may be silent.
+        idle_s = 2 * params["startup_timeout_s"] + 2 * workload.timeout_s + 300
+        launcher, starts, index = LAUNCHERS[engine.name], [], 1
+        while (start := follower.next_start(index, idle_s)) is not None:
+            port = free_port()
+            role = NodeRole(rendezvous.nodes, rendezvous.node_rank, rendezvous.master_addr, start["engine_port"],
+                            node_address())
+            launch = launcher.launch(engine.python, checkpoint, start["settings"], port=port,
+                                     cpu_build=bool(described.get("cpu_build")), role=role)
+            server = EngineServer(launch.command, env=launch.env, port=port, health_path=launch.health_path,
+                                  log_path=logs / f"engine-{index}.log")
+            progress(0.05 + 0.9 * min(index, 20) / 20,
+                     f"engine start {index}: running headless for {rendezvous.name(0)}")
+            starts.append({**follower.serve(index, server), "command": launch.shell()})
+            index += 1
+        ended = follower.ended()
+    except DeploymentFailed as failed:
+        raise ServeSweepFailed(str(failed)) from None
+    if ended.get("status") == "failed":
+        raise ServeSweepFailed(f"{rendezvous.name(0)} ended the deployment: {ended.get('reason') or 'it failed'}")
+    progress(1.0, "done")
+    return {"role": "follower", "node_rank": rendezvous.node_rank, "engine": described, "engine_starts": len(starts),
+            "starts": starts}

@@ -215,6 +215,10 @@ class EngineServer:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def settle(self) -> None:
+        """After failed requests: wait for what the server's other nodes report (one node: nothing to wait for;
+        ``deployment.DeployedServer``)."""
+
     def group_alive(self) -> bool:
         """Whether any process of the server's group is left (the leader's children outlive it otherwise)."""
         if self.process is None:

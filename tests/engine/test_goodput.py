@@ -74,8 +74,13 @@ def test_a_noisy_pass_above_a_failed_load_is_not_the_answer():
 def test_goodput_per_device_divides_by_the_layouts_ranks():
     assert devices({"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "data_parallel_size": 2}) == 8
     assert devices({"max_num_seqs": 4}) == 1
-    search = GoodputSearch("rate", [Probe(3.0, True, {"goodput_requests_per_s": 2.9}, {"rate": 3.0, "seconds": 1})])
-    assert search.summary(device_count=4)["goodput_per_device"] == pytest.approx(2.9 / 4)
+    search = GoodputSearch("rate", [Probe(3.0, True, {"requests_per_s": 2.9}, {"rate": 3.0, "seconds": 1})])
+    summary = search.summary(device_count=4)
+    # A rate search's goodput is the rate met; what a run of a few hundred Poisson requests measured is beside it.
+    assert summary["goodput_per_device"] == pytest.approx(3.0 / 4) and summary["measured_requests_per_s"] == 2.9
+    by_concurrency = GoodputSearch("concurrency",
+                                   [Probe(8, True, {"requests_per_s": 2.9}, {"concurrency": 8, "seconds": 1})])
+    assert by_concurrency.summary(device_count=1)["goodput_requests_per_s"] == 2.9
 
 
 def record(ttft: float, tokens: int = 3, gap: float = 0.01) -> RequestRecord:

@@ -1,10 +1,10 @@
 """Goodput: the highest load one running engine configuration sustains while meeting the workload's SLOs.
 
 The load is a Poisson request rate (open loop, ``goodput_search: "rate"``) or a closed loop's concurrency
-(``"concurrency"``). Goodput is DistServe's (Zhong et al. 2024): the highest load at which the SLOs are attained,
-reported as the requests/s measured at that load. A run at one load meets the SLOs when no request failed, none of
-the run's percentile SLOs (``ttft_p95_ms``...) is broken and at least ``ATTAINMENT`` of its requests meet the
-per-request ones (``ttft_s``...).
+(``"concurrency"``). Goodput is DistServe's (Zhong et al. 2024): the highest request rate at which the SLOs are
+attained; a concurrency search reports the requests/s measured at the highest concurrency that met them. A run at
+one load meets the SLOs when no request failed, none of the run's percentile SLOs (``ttft_p95_ms``...) is broken and
+at least ``ATTAINMENT`` of its requests meet the per-request ones (``ttft_s``...).
 
 The search brackets, then bisects: from the workload's load it doubles after a run that met the SLOs (halves after
 one that did not) until one run on each side is found, then tries the geometric middle (the integer middle for
@@ -97,12 +97,15 @@ class GoodputSearch:
         return self.best or min(self.probes, key=lambda probe: probe.load)
 
     def summary(self, device_count: int) -> dict:
-        """A trial's ``goodput`` (``result.Goodput``): the highest load that met the SLOs, the goodput measured
-        there (0 when no load did), that per device, the runs and the rate sweep."""
+        """A trial's ``goodput`` (``result.Goodput``): the highest load that met the SLOs, the goodput (0 when no
+        load did), that per device, the requests/s measured at that load, the runs and the rate sweep."""
         best = self.best
-        goodput = best.metrics["goodput_requests_per_s"] if best else 0.0
+        measured = best.metrics["requests_per_s"] if best else None
+        # A rate search's goodput is the rate itself (DistServe's): the requests/s measured over a short Poisson run
+        # vary with its draw of gaps and with the drain of its last requests, which no configuration controls.
+        goodput = (best.load if self.over == "rate" else measured) if best else 0.0
         return {"over": self.over, "max_load_meeting_slo": best.load if best else None,
-                "goodput_requests_per_s": goodput, "devices": device_count,
+                "goodput_requests_per_s": goodput, "measured_requests_per_s": measured, "devices": device_count,
                 "goodput_per_device": goodput / device_count, "runs": len(self.probes),
                 "serving_s": sum(probe.point["seconds"] for probe in self.probes), "rate_sweep": self.rate_sweep}
 
@@ -173,15 +176,17 @@ def serve_goodput(endpoint: Endpoint, workload: Workload, vocab: int, batch: int
 def goodput_trial(endpoint: Endpoint, workload: Workload, vocab: int, batch: int, settings: dict,
                   progress=lambda message: None) -> dict:
     """A serving trial's figures from a goodput search: its ``metrics`` (those of the run that stands for it, with
-    no goodput when no load met the SLOs), ``goodput`` (``GoodputSearch.summary``), the client's CPU seconds per
+    the search's goodput), ``goodput`` (``GoodputSearch.summary``), the client's CPU seconds per
     request over every run, the requests in flight of the run shown and its failed requests' errors."""
     search, runs = serve_goodput(endpoint, workload, vocab, batch, progress)
     shown = search.shown()
-    metrics = dict(shown.metrics) if shown.met else {**shown.metrics, "goodput_requests_per_s": 0.0}
+    # The trial's goodput is the search's: a run's own (vLLM's good requests / duration) stands for one load only.
+    goodput = search.summary(devices(settings))
+    metrics = {**shown.metrics, "goodput_requests_per_s": goodput["goodput_requests_per_s"]}
     at_load = Workload.from_dict({**workload.as_dict(), search.over: shown.load})
     answered = [run for run in runs if run is not None]
     shown_run = runs[search.probes.index(shown)]
-    return {"metrics": metrics, "goodput": search.summary(devices(settings)),
+    return {"metrics": metrics, "goodput": goodput,
             "client_cpu_s_per_request": (sum(run.client_cpu_s_per_request for run in answered) / len(answered)
                                          if answered else None),
             "in_flight": at_load.in_flight_limit(batch), "requests": shown.point["requests"],

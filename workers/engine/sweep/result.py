@@ -334,13 +334,15 @@ class SweepResult(Record):
 @dataclass(kw_only=True)
 class Goodput(Record):
     """A configuration's goodput search (``serving.goodput``): the highest load (``over``: a Poisson ``rate`` or a
-    closed loop's ``concurrency``) that met the SLOs, the goodput (requests/s) measured there and per device (TP x PP
-    x DP), the runs it took and their serving seconds, and ``rate_sweep``: every run's load, percentiles in ms
-    (``ttft_p95_ms``...), requests/s and whether it met the SLOs, ordered by load."""
+    closed loop's ``concurrency``) that met the SLOs, the goodput (that rate; for concurrency the requests/s measured
+    there) and per device (TP x PP x DP), the requests/s measured at that load, the runs it took and their serving
+    seconds, and ``rate_sweep``: every run's load, percentiles in ms (``ttft_p95_ms``...), requests/s and whether it
+    met the SLOs, ordered by load."""
 
     over: str | None = None
     max_load_meeting_slo: float | None = None
     goodput_requests_per_s: float | None = None
+    measured_requests_per_s: float | None = None
     devices: int | None = None
     goodput_per_device: float | None = None
     runs: int | None = None

@@ -166,8 +166,6 @@ def main() -> None:
     print(f"{len(configurations())} configurations ({', '.join(f'{k} {v}' for k, v in GRID.items())}); "
           f"{args.requests} requests, prompt ~N(256, 64), output ~N(128, 32) tokens, Poisson; SLO {SLO}; "
           f"grid ladder {LADDER_START}..{LADDER_END} req/s x{LADDER_STEP} ({len(ladder())} rates); noise {NOISE}")
-    print(f"{'rep':>3} {'grid best':>10} {'pick':>64} {'ratio':>6} {'time/grid':>9} {'time/stopped':>12} "
-          f"{'guidellm ratio':>14} {'time/guidellm':>13} {'trials':>6} {'rate runs':>9} {'wall s':>6}")
     truth = grid(workload, 0, noise=0.0)["goodput"]
     best = max(truth.values())
     print(f"truth (the ladder on the noise-free model): best {best:.3f} req/s per device, "

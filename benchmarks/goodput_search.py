@@ -18,7 +18,9 @@ Per repetition (its own noise seeds):
    GuideLLM-style sweep: a throughput run (every request at once), then ``SWEEP_RATES`` rates evenly spaced up to
    that throughput (GuideLLM's ``sweep`` profile).
 2. The search: ``search.successive_halving`` over the configurations, each trial a ``find_goodput`` rate search with
-   the rung's requests, from 1 request/s; the pick is the highest goodput per device among full-workload trials.
+   the rung's requests, from 1 request/s; with ``--confirm-runs N`` (default 2) its finalists (within 10% of each
+   other) search N more times, interleaved; the pick is the highest median goodput per device over a
+   configuration's full-workload searches.
 3. The ratio: the pick's goodput over the best, both read from the truth: the ladder on the model without noise (so
    neither a lucky run of the search nor the grid's own winner's curse decides), and the search's serving seconds
    over the grid's. The grid's own pick (from its noisy pass) and the GuideLLM-style sweep's are read from the
@@ -36,6 +38,7 @@ import statistics
 import sys
 import time
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,7 +134,7 @@ def guidellm_sweep(workload: Workload, repetition: int) -> dict:
     return {"pick": max(goodput, key=goodput.get), "seconds": bench.serving_s}
 
 
-def search(workload: Workload, repetition: int) -> dict:
+def search(workload: Workload, repetition: int, confirm_runs: int) -> dict:
     bench = Bench(workload, repetition)
 
     def run_trial(config: EngineConfiguration, trial_workload: Workload) -> dict:
@@ -144,13 +147,20 @@ def search(workload: Workload, repetition: int) -> dict:
                             workload={"requests": trial_workload.requests, "arrival": "poisson"},
                             goodput=summary).as_dict()
 
+    # With confirm_runs, the halving's finalists (within 10% of each other) search again, interleaved, and the pick
+    # is the highest median: one rate search's answer moves with its runs' noise as much as near-tied
+    # configurations differ.
+    space = replace(engine_space(lambda settings: settings), confirm_finalists=confirm_runs > 0)
     outcome = successive_halving(configurations(), workload, run_trial, lambda fraction, message: None,
-                                 space=engine_space(lambda settings: settings))
-    full = [trial for trial in outcome["trials"]
-            if trial["status"] == "ok" and trial["workload"]["requests"] == workload.requests]
-    pick = max(full, key=lambda trial: trial["goodput"]["goodput_per_device"])
-    return {"pick": json.dumps(pick["settings"], sort_keys=True), "seconds": bench.serving_s,
-            "reported": pick["goodput"]["goodput_per_device"], "trials_run": outcome["trials_run"],
+                                 space=space, confirm_runs=max(confirm_runs, 1))
+    runs: dict[str, list[float]] = {}
+    for trial in outcome["trials"]:
+        if trial["status"] == "ok" and trial["workload"]["requests"] == workload.requests:
+            runs.setdefault(json.dumps(trial["settings"], sort_keys=True), []).append(
+                trial["goodput"]["goodput_per_device"])
+    pick = max(runs, key=lambda settings: statistics.median(runs[settings]))
+    return {"pick": pick, "seconds": bench.serving_s,
+            "reported": statistics.median(runs[pick]), "trials_run": outcome["trials_run"],
             "rate_runs": sum(trial["goodput"]["runs"] for trial in outcome["trials"] if trial.get("goodput"))}
 
 
@@ -158,6 +168,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--confirm-runs", type=int, default=2,
+                        help="rate searches of the finalists again, the pick their median (0: one search each)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     workload = Workload.from_dict({"requests": args.requests, "prompt_len": {"normal": [256, 64]},
@@ -165,7 +177,8 @@ def main() -> None:
                                    "slo": SLO, "goodput_search": "rate", "goodput_runs": 8})
     print(f"{len(configurations())} configurations ({', '.join(f'{k} {v}' for k, v in GRID.items())}); "
           f"{args.requests} requests, prompt ~N(256, 64), output ~N(128, 32) tokens, Poisson; SLO {SLO}; "
-          f"grid ladder {LADDER_START}..{LADDER_END} req/s x{LADDER_STEP} ({len(ladder())} rates); noise {NOISE}")
+          f"grid ladder {LADDER_START}..{LADDER_END} req/s x{LADDER_STEP} ({len(ladder())} rates); noise {NOISE}; "
+          f"finalists confirmed by {args.confirm_runs} more searches")
     truth = grid(workload, 0, noise=0.0)["goodput"]
     best = max(truth.values())
     print(f"truth (the ladder on the noise-free model): best {best:.3f} req/s per device, "
@@ -177,7 +190,7 @@ def main() -> None:
     for repetition in range(args.repetitions):
         started = time.perf_counter()
         noisy = grid(workload, repetition)
-        found = search(workload, repetition)
+        found = search(workload, repetition, args.confirm_runs)
         swept = guidellm_sweep(workload, repetition)
         row = {"repetition": repetition, "truth_best": best, "pick": found["pick"],
                "pick_reported": found["reported"], "ratio": truth[found["pick"]] / best,

@@ -15,6 +15,7 @@ from workers.engine.sweep.trial_row import endpoint_bench_table, serve_sweep_tab
 from ..choices import NodeStatus
 from ..models import Cluster, ServingEndpoint, StageRun
 from ..reports import download
+from .charts import chart_data
 
 ENGINE_REPORT_KIND = "serve_sweep"
 ENDPOINT_REPORT_KIND = "endpoint_bench"
@@ -108,5 +109,6 @@ def report_context(run: StageRun) -> dict:
             "prediction_efficiency": result.prediction_efficiency, "engine": result.engine,
             "weights": result.weights, "tensors": result.tensors,
             "correctness": result.correctness or {}, "table": serve_sweep_table(result),
+            "charts": chart_data(run.result or {}), "charts_id": f"engine-charts-{run.pk}",
             "title": f"{result.engine.get('name', 'engine')} serving {run.job.model} on "
                      f"{run.node_name} (job {run.job_id})"}

@@ -1,11 +1,16 @@
 """A real HTTP server that answers OpenAI-style streaming completions (one text chunk per asked token, then the
 usage), or an error or a redirect, on a real socket: what the endpoint benchmark's client and its address checks
-are tested against. It records what reached it (path and Host header of each request)."""
+are tested against. It records what reached it (path and Host header of each request).
+
+With ``slots``, it serves like an engine of fixed capacity: at most ``slots`` completions generate at once, each
+token ``token_s`` seconds after the last; a request beyond them waits for a slot, so its time to first token grows
+with the load, and the load an SLO allows is known (a closed loop of ``slots`` requests waits for none)."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -14,8 +19,10 @@ class FakeEndpoint:
     ``location``)."""
 
     def __init__(self, host: str = "127.0.0.1", reply: str = "stream", status: int = 500, body: bytes = b"",
-                 location: str = ""):
+                 location: str = "", slots: int | None = None, token_s: float = 0.0):
         self.reply, self.status, self.body, self.location = reply, status, body, location
+        self.slots = threading.BoundedSemaphore(slots) if slots else None
+        self.token_s = token_s
         self.requests: list[dict] = []
         endpoint = self
 
@@ -37,6 +44,9 @@ class FakeEndpoint:
                     self.send_header("Content-Length", str(len(endpoint.body)))
                     self.end_headers()
                     self.wfile.write(endpoint.body)
+                elif endpoint.slots is not None:
+                    with endpoint.slots:
+                        self.stream(payload.get("max_tokens", 1))
                 else:
                     self.stream(payload.get("max_tokens", 1))
 
@@ -45,7 +55,10 @@ class FakeEndpoint:
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()  # HTTP/1.0: the body ends when the connection closes
                 for _ in range(tokens):
+                    if endpoint.token_s:
+                        time.sleep(endpoint.token_s)
                     self.wfile.write(b'data: {"choices": [{"text": "x"}]}\n\n')
+                    self.wfile.flush()
                 usage = {"choices": [], "usage": {"completion_tokens": tokens}}
                 self.wfile.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from .. import workdirs
 from ..parameters import ParameterError
 from ..sweep.metrics import DEFINITIONS, summarize
-from ..sweep.result import Metrics, ServingBest, ServingTrial, TrialWorkload
+from ..sweep.result import Goodput, Metrics, ServingBest, ServingTrial, TrialWorkload
 from ..sweep.search import MAX_GRID_VALUES, SEARCHES, Space
 from ..sweep.verdict import MIN_RUNS, judge, median_run
 from ..sweep.workload import MAX_IN_FLIGHT, Workload
@@ -37,6 +37,7 @@ from .correctness import check_correctness
 from .deployment import (DeployedServer, DeploymentFailed, Follower, Leader, Rendezvous, layout_of,
                          spans_nodes)
 from .engines import configured_engines
+from .goodput import goodput_trial
 from .launchers import LAUNCHERS, NodeRole, check_settings, split_over_nodes
 from .recipe import recipe
 from .server import EngineFailed, EngineServer, free_port, stop_servers_on_sigterm
@@ -216,6 +217,18 @@ def _log_tail(server: EngineServer, lines: int = 40) -> str:
     return "\n".join(server.log_text().splitlines()[-lines:])
 
 
+def _serve(endpoint: Endpoint, workload: Workload, vocab: int, batch: int, settings: dict, progress) -> dict:
+    """One trial's serving: the workload once, or a goodput search over loads where the workload asks for one."""
+    if workload.goodput_search:
+        return goodput_trial(endpoint, workload, vocab, batch, settings, progress)
+    run = run_requests(endpoint, workload.measured_requests(vocab), warmup=workload.warmup(vocab, batch),
+                       in_flight=workload.in_flight_limit(batch), timeout_s=workload.timeout_s)
+    failed = [record.error for record in run.records if record.error]
+    return {"metrics": summarize(run.records, workload.slo), "requests": len(run.records), "failed": failed,
+            "any_failed": bool(failed),
+            "client_cpu_s_per_request": run.client_cpu_s_per_request, "in_flight": workload.in_flight_limit(batch)}
+
+
 def run_trials(session: Session, settings: dict, clients: list[dict], workload: Workload, startup_timeout_s: float,
                first_id: int, progress) -> list[dict]:
     """One engine start and the trials served by it (a trial per client setting)."""
@@ -236,28 +249,27 @@ def run_trials(session: Session, settings: dict, clients: list[dict], workload: 
             rss = _PeakRss(server.process.pid)
             rss.start()
             try:
-                run = run_requests(Endpoint(server.base_url, "d0"), trial_workload.measured_requests(vocab),
-                                   warmup=trial_workload.warmup(vocab, batch), in_flight=in_flight,
-                                   timeout_s=trial_workload.timeout_s)
+                served = _serve(Endpoint(server.base_url, "d0"), trial_workload, vocab, batch, settings, progress)
             except TimeoutError as error:
                 raise EngineFailed("timed out", str(error)) from None
             finally:
                 peak = rss.finish()
-            if any(record.error for record in run.records):
+            if served["any_failed"]:
                 server.settle()
             if not server.alive():
                 raise server.failure("exited", "the engine exited while serving")
-            metrics = {**summarize(run.records, trial_workload.slo), "peak_memory_bytes": peak,
+            metrics = {**served["metrics"], "peak_memory_bytes": peak,
                        "peak_memory_source": "resident memory of the engine's processes, sampled while serving"}
-            failed = [record.error for record in run.records if record.error]
-            status = "ok" if metrics.get("completed") == len(run.records) else "failed"
+            failed = served["failed"]
+            status = "ok" if metrics.get("completed") == served["requests"] else "failed"
             trials.append(ServingTrial(
                 id=first_id + offset, **shown, client=client, status=status,
                 reason=None if status == "ok" else f"{len(failed)} requests failed: {failed[0]}",
                 startup_s=startup_s, metrics=Metrics.from_dict(metrics),
-                client_cpu_s_per_request=run.client_cpu_s_per_request,
+                client_cpu_s_per_request=served["client_cpu_s_per_request"],
                 workload=TrialWorkload(requests=trial_workload.requests, arrival=trial_workload.arrival,
-                                       concurrency=in_flight)).as_dict())
+                                       concurrency=served["in_flight"]),
+                goodput=Goodput.from_dict(served.get("goodput"))).as_dict())
     except EngineFailed as error:
         done = len(trials)
         trials += [ServingTrial(id=first_id + done + index, **shown, client=client, status="failed",

@@ -14,6 +14,8 @@ Source: vLLM ``vllm/benchmarks/serve.py`` (``calculate_metrics``), so d0's figur
   the prompt tokens.
 - Goodput under SLOs: requests meeting every given SLO (TTFT, TPOT, E2E latency; a request with one output token
   counts TPOT as 0, as vLLM does) per second of duration (vLLM ``request_goodput``, ``--goodput ttft:MS tpot:MS``).
+  SLOs on a percentile (``ttft_p95_ms``: the run's TTFT p95 at most that many ms) judge the run as a whole, as
+  DistServe's and GuideLLM's goodput does: a run that breaks one counts no request as good.
 - mean and the p50/p90/p99 percentiles, with linear interpolation between ranks (numpy's default, which vLLM uses).
 
 All times are seconds, from one monotonic clock (``time.perf_counter``).
@@ -36,7 +38,8 @@ DEFINITIONS = {
     "duration_s": "first measured send to last measured token (warm-up excluded)",
     "output_tokens_per_s": "output tokens / duration",
     "requests_per_s": "completed requests / duration",
-    "goodput_requests_per_s": "requests meeting every SLO (ttft, tpot, e2e latency) / duration",
+    "goodput_requests_per_s": "requests meeting every SLO (ttft, tpot, e2e latency) / duration; none when the run "
+                              "breaks a percentile SLO (ttft_p95_ms...)",
     "percentiles": "linear interpolation between closest ranks (numpy default)",
 }
 
@@ -96,9 +99,43 @@ def distribution(values: list[float]) -> dict | None:
     return summary
 
 
+# Per-request SLOs, in seconds (vLLM's --goodput keys).
+REQUEST_SLO_KEYS = ("ttft_s", "tpot_s", "e2e_latency_s")
+# SLOs on a percentile of the run, in milliseconds: "<latency>_p<q>_ms".
+PERCENTILE_SLO_LATENCIES = ("ttft", "tpot", "itl", "e2e_latency")
+SLO_PERCENTILES = (50, 90, 95, 99)
+PERCENTILE_SLO_KEYS = tuple(f"{latency}_p{q}_ms" for latency in PERCENTILE_SLO_LATENCIES for q in SLO_PERCENTILES)
+
+
 def meets_slo(record: RequestRecord, slo: dict) -> bool:
     observed = {"ttft_s": record.ttft, "tpot_s": record.tpot or 0.0, "e2e_latency_s": record.e2e_latency}
-    return all(observed[key] <= limit for key, limit in slo.items())
+    return all(observed[key] <= limit for key, limit in slo.items() if key in REQUEST_SLO_KEYS)
+
+
+def latencies(completed: list[RequestRecord]) -> dict[str, list[float]]:
+    """Each latency's values over the completed requests, in seconds, named as the percentile SLOs name them."""
+    return {"ttft": [record.ttft for record in completed],
+            "tpot": [record.tpot for record in completed if record.tpot is not None],
+            "itl": [gap for record in completed for gap in record.inter_token_latencies],
+            "e2e_latency": [record.e2e_latency for record in completed]}
+
+
+def percentile_ms(values: list[float], key: str) -> float | None:
+    """``key``'s percentile (``ttft_p95_ms`` -> the 95th) of ``values`` (seconds), in milliseconds."""
+    q = int(key.rsplit("_p", 1)[1].removesuffix("_ms"))
+    return percentile(values, q) * 1e3 if values else None
+
+
+def percentile_slo_breaches(values: dict[str, list[float]], slo: dict) -> list[str]:
+    """The percentile SLOs a run breaks, given its ``latencies`` (a latency with no values, e.g. TPOT of one-token
+    outputs, breaks none)."""
+    breaches = []
+    for key, limit in slo.items():
+        if key in PERCENTILE_SLO_KEYS:
+            observed = percentile_ms(values[key.rsplit("_p", 1)[0]], key)
+            if observed is not None and observed > limit:
+                breaches.append(key)
+    return breaches
 
 
 # Raw end-to-end latencies kept per trial for the latency CDF; more requests than this are thinned evenly.
@@ -122,6 +159,7 @@ def summarize(records: list[RequestRecord], slo: dict | None = None) -> dict:
     duration = max(record.token_times[-1] for record in completed) - min(record.send_time for record in records)
     output_tokens = sum(record.output_tokens for record in completed)
     prompt_tokens = sum(record.prompt_tokens for record in completed)
+    values = latencies(completed)
     metrics = {
         "completed": len(completed),
         "failed": len(records) - len(completed),
@@ -131,18 +169,18 @@ def summarize(records: list[RequestRecord], slo: dict | None = None) -> dict:
         "output_tokens_per_s": output_tokens / duration,
         "requests_per_s": len(completed) / duration,
         "total_tokens_per_s": (prompt_tokens + output_tokens) / duration,
-        "ttft_s": distribution([record.ttft for record in completed]),
-        "tpot_s": distribution([record.tpot for record in completed if record.tpot is not None]),
-        "itl_s": distribution([gap for record in completed for gap in record.inter_token_latencies]),
-        "e2e_latency_s": distribution([record.e2e_latency for record in completed]),
+        **{f"{name}_s": distribution(found) for name, found in values.items()},
         # Every completed request's end-to-end latency, sorted: the CDF is drawn from these, not from percentiles.
-        "e2e_latency_samples_s": samples([record.e2e_latency for record in completed]),
+        "e2e_latency_samples_s": samples(values["e2e_latency"]),
         "slo": dict(slo) if slo else None,
         "good_requests": None,
         "goodput_requests_per_s": None,
     }
     if slo:
-        good = sum(meets_slo(record, slo) for record in completed)
+        breaches = percentile_slo_breaches(values, slo)
+        good = 0 if breaches else sum(meets_slo(record, slo) for record in completed)
         metrics["good_requests"] = good
         metrics["goodput_requests_per_s"] = good / duration
+        if any(key in PERCENTILE_SLO_KEYS for key in slo):
+            metrics["slo_breaches"] = breaches
     return metrics

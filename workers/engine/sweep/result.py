@@ -413,6 +413,25 @@ class SweepResult(Record):
 
 
 @dataclass(kw_only=True)
+class Goodput(Record):
+    """A configuration's goodput search (``serving.goodput``): the highest load (``over``: a Poisson ``rate`` or a
+    closed loop's ``concurrency``) that met the SLOs, the goodput (that rate; for concurrency the requests/s measured
+    there) and per device (TP x PP x DP), the requests/s measured at that load, the runs it took and their serving
+    seconds, and ``rate_sweep``: every run's load, percentiles in ms (``ttft_p95_ms``...), requests/s and whether it
+    met the SLOs, ordered by load."""
+
+    over: str | None = None
+    max_load_meeting_slo: float | None = None
+    goodput_requests_per_s: float | None = None
+    measured_requests_per_s: float | None = None
+    devices: int | None = None
+    goodput_per_device: float | None = None
+    runs: int | None = None
+    serving_s: float | None = None
+    rate_sweep: list = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
 class ServingTrial(Record):
     """A trial of a real engine's sweep (``serving.serve_sweep``: one engine start's ``settings``, its ``command``
     and ``env``, the ``client`` settings it was served with) or of an endpoint benchmark (``client`` only).
@@ -434,6 +453,8 @@ class ServingTrial(Record):
     log_tail: str | None = None
     # Served again after the search so that a finalist has 3 runs for the verdict (``serve_sweep.repeat_finalists``).
     repeat: bool | None = None
+    # Where the workload asked for a goodput search: its outcome (the metrics are those of its best run).
+    goodput: Goodput | None = field(default=None, metadata=read_with(Goodput.from_dict))
 
 
 @dataclass(kw_only=True)
@@ -471,6 +492,30 @@ class ServeSweepResult(Record):
     metric_definitions: dict = field(default_factory=dict)
     # The verdict over the finalists, each served at least 3 times (absent from reports stored before verdicts).
     verdict: Verdict | None = field(default=None, metadata=read_with(Verdict.from_dict))
+
+    @property
+    def grid_share(self) -> float | None:
+        """A search's serving time as a share of what the full grid would have served: every trial's serving
+        seconds (a goodput search's runs, else the trial's duration) over the configurations times the mean of
+        the full-workload trials' (a grid serves each configuration the full workload once). An estimate: the
+        configurations pruned early may have served faster or slower than those that reached the full workload.
+        None for a grid, or when no trial served the full workload."""
+        search = self.search or {}
+        configurations = search.get("configurations")
+        if search.get("strategy") in (None, "grid") or not isinstance(configurations, int) or configurations < 1:
+            return None
+
+        def seconds(trial: ServingTrial) -> float | None:
+            if trial.goodput and trial.goodput.serving_s is not None:
+                return trial.goodput.serving_s
+            return trial.metrics.duration_s if trial.metrics else None
+
+        served = [trial for trial in self.trials if trial.status == "ok" and seconds(trial) is not None]
+        full = [seconds(trial) for trial in served
+                if trial.workload and trial.workload.requests == self.workload.get("requests")]
+        if not full:
+            return None
+        return sum(map(seconds, served)) / (configurations * sum(full) / len(full))
 
     @property
     def prediction_efficiency(self) -> Efficiency | None:

@@ -7,7 +7,7 @@ from django.urls import reverse
 
 from workers.engine.parameters import ParameterError
 from workers.engine.serving.launchers import ranks_of, split_over_nodes
-from workers.engine.serving.recipe import checked_engine, checked_recipe
+from workers.engine.serving.recipe import checked_engine, checked_recipe, number
 from workers.engine.sweep.result import EndpointBenchResult, ServeSweepResult, served
 
 from ..stages import Outcome, StageHandler, register
@@ -76,10 +76,15 @@ class ServeSweep(StageHandler):
         plan = stored.get("plan") if isinstance(stored.get("plan"), dict) else {}
         if plan.get("why"):
             warnings.append(f"layout: {plan['why']}"[:500])
+        goodput = (result.recipe or {}).get("goodput")
+        goodput = goodput if isinstance(goodput, dict) else {}
+        figure = f"{number(measured.get('output_tokens_per_s')) or 0:.1f} output tok/s"
+        if number(goodput.get("goodput_per_device")) is not None:
+            figure = (f"goodput {number(goodput.get('goodput_requests_per_s')) or 0:.2f} req/s under the SLOs, "
+                      f"{number(goodput.get('goodput_per_device')):.2f} per device; {figure}")
         return Outcome(f"recipe on {result.engine.get('name', '?')} {result.engine.get('version') or ''} at "
                        f"{deployment_line(stored.get('deployment'), (result.recipe or {}).get('settings'))}: "
-                       f"{measured.get('output_tokens_per_s') or 0:.1f} output tok/s; {served(result.trials)}",
-                       warnings)
+                       f"{figure}; {served(result.trials)}", warnings)
 
     def page(self, job, run) -> str | None:
         if run.status != "succeeded" or (run.result or {}).get("role") == "follower":

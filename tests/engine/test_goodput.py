@@ -248,3 +248,22 @@ def test_a_load_the_server_cannot_drain_in_time_is_a_run_that_missed_not_a_faile
     assert goodput["max_load_meeting_slo"] is None and goodput["goodput_requests_per_s"] == 0.0
     assert served["metrics"]["completed"] == 0 and "not all answered" in served["failed"][0]
     assert served["any_failed"]
+
+
+def test_the_pick_is_the_highest_goodput_per_device_not_the_highest_goodput():
+    """TP=2 serves 10 req/s within the SLOs on 2 devices (5 each); TP=1 serves 7 on one: TP=1 is the recipe, three
+    runs each, all above TP=2's per device (confirmed)."""
+    workload = simulated_workload()
+
+    def trial(index: int, tp: int, goodput: float) -> dict:
+        return ServingTrial(id=index, settings={"tensor_parallel_size": tp}, client={}, status="ok",
+                            metrics={"output_tokens_per_s": 100.0 * goodput, "goodput_requests_per_s": goodput},
+                            workload={"requests": workload.requests, "arrival": "poisson"},
+                            goodput={"over": "rate", "goodput_requests_per_s": goodput, "devices": tp,
+                                     "goodput_per_device": goodput / tp}).as_dict()
+
+    trials = [trial(index * 2 + offset, tp, goodput + index * 0.1) for index in range(3)
+              for offset, (tp, goodput) in enumerate(((2, 10.0), (1, 7.0)))]
+    pick = best_trial(trials, workload)
+    assert pick["settings"] == {"tensor_parallel_size": 1}
+    assert pick["verdict"]["verdict"] == "confirmed" and pick["verdict"]["figure"] == "goodput_per_device"

@@ -38,7 +38,11 @@ def recipe(best: dict, described: dict, weights: dict) -> dict:
             "measured": {key: best["metrics"].get(key) for key in (
                 "output_tokens_per_s", "requests_per_s", "goodput_requests_per_s", "ttft_s", "tpot_s", "itl_s",
                 "e2e_latency_s", "peak_memory_bytes")},
-            "startup_s": best["startup_s"], "trial": best["id"]}
+            "startup_s": best["startup_s"], "trial": best["id"],
+            # the highest load meeting the SLOs and per device, where the workload asked for a goodput search
+            "goodput": {key: (best.get("goodput") or {}).get(key) for key in (
+                "over", "max_load_meeting_slo", "goodput_requests_per_s", "goodput_per_device", "devices")}
+            if best.get("goodput") else None}
 
 
 def version(value) -> str | None:

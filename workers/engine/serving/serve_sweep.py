@@ -30,7 +30,7 @@ from ..sweep.metrics import DEFINITIONS, summarize
 from ..sweep.result import Goodput, Metrics, ServingBest, ServingTrial, TrialWorkload
 from ..sweep.search import MAX_GRID_VALUES, SEARCHES, Space
 from ..sweep.verdict import MIN_RUNS, judge, median_run
-from ..sweep.workload import MAX_IN_FLIGHT, Workload
+from ..sweep.workload import MAX_IN_FLIGHT, Workload, read_prompts_file
 from .checkpoint import vocab_size, write_validation_checkpoint
 from .client import Endpoint, run_requests
 from .correctness import check_correctness
@@ -283,8 +283,19 @@ def run_trials(session: Session, settings: dict, clients: list[dict], workload: 
 
 
 def deciding_figure(workload: Workload) -> str:
-    """What picks the winner: goodput under the SLOs when the workload has SLOs, else output tokens/s."""
+    """What picks the winner: goodput per device where the workload asks for a goodput search (the highest load
+    meeting the SLOs, over TP x PP x DP devices: a layout of twice the devices must serve twice as much to win),
+    goodput under the SLOs when it has SLOs, else output tokens/s."""
+    if workload.slo and workload.goodput_search:
+        return "goodput_per_device"
     return "goodput_requests_per_s" if workload.slo else "output_tokens_per_s"
+
+
+def figure_of(trial: dict, figure: str) -> float:
+    """A trial's deciding figure (0 where it has none: a goodput search that met the SLOs at no load)."""
+    if figure == "goodput_per_device":
+        return (trial.get("goodput") or {}).get("goodput_per_device") or 0
+    return trial["metrics"][figure] or 0
 
 
 def _full_runs(trials: list[dict], workload: Workload) -> list[list[dict]]:
@@ -297,7 +308,7 @@ def _full_runs(trials: list[dict], workload: Workload) -> list[list[dict]]:
             key = json.dumps({"settings": trial["settings"], "client": trial["client"]}, sort_keys=True)
             runs.setdefault(key, []).append(trial)
     return sorted(runs.values(), reverse=True, key=lambda group: (
-        median_run(trial["metrics"][figure] or 0 for trial in group),
+        median_run(figure_of(trial, figure) for trial in group),
         median_run(trial["metrics"]["output_tokens_per_s"] for trial in group)))
 
 
@@ -312,11 +323,11 @@ def best_trial(trials: list[dict], workload: Workload) -> dict | None:
     # Ranked already (ties broken by output tokens/s): judge's sort is stable, so a tie keeps that order.
     verdict = judge([{"settings": group[0]["settings"], "client": group[0]["client"],
                       "trial_ids": [trial["id"] for trial in group],
-                      "runs": [trial["metrics"][figure] or 0 for trial in group]} for group in groups], figure)
+                      "runs": [figure_of(trial, figure) for trial in group]} for group in groups], figure)
     if verdict is None:
         return None
     chosen = next(group for group in groups if [trial["id"] for trial in group] == verdict["winner"]["trial_ids"])
-    ordered = sorted(chosen, key=lambda trial: trial["metrics"][figure] or 0)
+    ordered = sorted(chosen, key=lambda trial: figure_of(trial, figure))
     winner = verdict["winner"]
     return {**ordered[(len(ordered) - 1) // 2], "runs": winner["runs"],
             "spread": {key: winner[key] for key in ("count", "median", "mean", "min", "max", "spread")},
@@ -440,7 +451,10 @@ def run_serve_sweep(params: dict, progress) -> dict:
     described = engine.probe()
     if not described["usable"]:
         raise ServeSweepFailed(f"{engine.name} at {engine.python} is unusable: {described['reason']}")
-    workload = Workload.from_dict(params.get("workload") or {})
+    given = params.get("workload") or {}
+    if params.get("prompts_file"):
+        given = {**given, **read_prompts_file(params["prompts_file"])}
+    workload = Workload.from_dict(given)
     rendezvous = Rendezvous.from_params(params.get("rendezvous"))
     split = split_over_nodes(params["settings"], rendezvous.nodes if rendezvous else 1)
     stop_servers_on_sigterm()

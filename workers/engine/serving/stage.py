@@ -34,9 +34,13 @@ PARAMETERS = (
                              check=lambda value: check_grid({key: [item] for key, item in value.items()}))),
     Parameter("search", "choice", SEARCH_HELP + " (each configuration its own engine start)", default="grid",
               choices=tuple(SEARCHES)),
-    Parameter("workload", "object", "requests, prompt_len, output_len, arrival (closed or poisson), rate, "
-              "concurrency, warmup_requests, slo, timeout_s (per trial; " + WORKLOAD_BOUNDS + ")", default={},
-              check=Workload.from_dict),
+    Parameter("workload", "object", "requests, prompt_len, output_len (fixed, lists, or {\"normal\": [mean, sd]}), "
+              "arrival (closed or poisson), rate, concurrency, warmup_requests, slo (ttft_s/tpot_s/e2e_latency_s per "
+              "request, or ttft_p95_ms, ttft_p99_ms, tpot_p95_ms...), goodput_search (rate or concurrency: the "
+              "highest load meeting the SLOs), goodput_runs, timeout_s (per trial; " + WORKLOAD_BOUNDS + ")",
+              default={}, check=Workload.from_dict),
+    Parameter("prompts_file", "path", "a JSON-lines file of {\"prompt_len\": n, \"output_len\": m} under the node's "
+              "data roots: the workload's lengths, its lines in turn", nullable=True),
     Parameter("hardware", "object", "memory_bandwidth_bytes_per_s and flops_per_s by precision for the recipe's "
               "roofline prediction (default: the node's latest env check)", nullable=True, check=check_hardware),
     Parameter("startup_timeout_s", "float", "seconds an engine may take to become healthy", default=900.0,

@@ -89,6 +89,19 @@ def test_a_job_succeeds_when_every_stage_run_reports_success(cluster, owner, nod
     assert "stage env_probe succeeded on gpu-01" in job.log
 
 
+@pytest.mark.parametrize("verdict", [{"verdict": "confirmed", "winner": {"median": 1.0}}, ["pass"], 3, None])
+def test_a_result_whose_verdict_is_no_env_check_verdict_still_ends_the_stage(cluster, owner, node, broker, verdict,
+                                                                            django_capture_on_commit_callbacks):
+    """A sweep's verdict is an object (its judgement of the pick), and a node may send anything: the job's log line
+    names only an env check's verdict, and the job goes on whatever the field holds."""
+    job = submit(cluster, owner, django_capture_on_commit_callbacks)
+    run = job.stage_runs.get()
+    reports.record_stage_finished(run.pk, True, {"devices": [], "verdict": verdict}, "", "", sender=run.node)
+    job.refresh_from_db()
+    assert job.status == "succeeded"
+    assert job.log.rstrip().endswith("succeeded") and "s: " not in job.log.splitlines()[-2]
+
+
 def test_a_stage_that_sent_no_started_report_is_dated_by_how_long_it_ran(cluster, owner, node, broker,
                                                                         django_capture_on_commit_callbacks):
     """A node says "started" only after half a second; a shorter stage's finished report says how long it ran."""

@@ -117,7 +117,10 @@ def record_stage_finished(stage_run_id: int, ok: bool, result, error: str, trace
 
 
 def _verdict_note(result) -> str:
-    if not isinstance(result, dict) or "verdict" not in result:
+    """An env check's verdict (pass, warn, fail) in the job's log line; other stages' verdicts (a sweep's judgement
+    of its pick, an object) are their pages' to show."""
+    if not isinstance(result, dict) or not isinstance(result.get("verdict"), str):
         return ""
-    worst = [check["message"] for check in result.get("checks", []) if check.get("status") == result["verdict"]]
+    worst = [check.get("message") for check in result.get("checks", [])
+             if isinstance(check, dict) and check.get("status") == result["verdict"]]
     return f": {result['verdict'].upper()}" + (f" ({worst[0]})" if worst and result["verdict"] != "pass" else "")

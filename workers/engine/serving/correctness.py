@@ -12,12 +12,12 @@ import random
 from pathlib import Path
 
 from .client import Endpoint, greedy
+from .launchers import LAYOUT_KEYS, layout_of
 from .server import EngineFailed
 
 PROMPTS = 3
 PROMPT_TOKENS = 8
 DTYPE = "float32"
-LAYOUT_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "enable_expert_parallel")
 
 
 def prompts(vocab: int, count: int = PROMPTS, length: int = PROMPT_TOKENS, seed: int = 0) -> list[list[int]]:
@@ -78,7 +78,7 @@ def _engine_greedy(session, settings: dict, prompt_ids, tokens: int, startup_tim
 
 def check_correctness(session, settings: dict, *, vocab: int, tokens: int, startup_timeout_s: float) -> dict:
     prompt_ids = prompts(vocab)
-    layout = {key: settings[key] for key in LAYOUT_KEYS if key in settings}
+    layout = layout_of(settings)
     split = settings.get("tensor_parallel_size", 1) * settings.get("pipeline_parallel_size", 1) > 1
     report = {"dtype": DTYPE, "prompts": prompt_ids, "tokens": tokens, "layout": layout}
     try:

@@ -24,13 +24,12 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
-from .launchers import NodeRole, check_settings, ranks_of
+from .launchers import NodeRole, check_settings, layout_of, ranks_of
 from .server import EngineFailed, EngineServer
 
 POLL_S = 0.5
 STOP_WAIT_S = 30.0
 SETTLE_S = 5.0
-LAYOUT_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "enable_expert_parallel")
 
 
 class DeploymentFailed(RuntimeError):
@@ -65,10 +64,6 @@ class Rendezvous:
 
     def name(self, rank: int) -> str:
         return f"node rank {rank} ({self.hostnames[rank]})"
-
-
-def layout_of(settings: dict) -> dict:
-    return {key: settings[key] for key in LAYOUT_KEYS if key in settings}
 
 
 def spans_nodes(settings: dict) -> bool:
@@ -110,7 +105,7 @@ class Leader:
         self.store = _Store(rendezvous, join_timeout_s)
         self.starts = 0
 
-    def wait_for_nodes(self, cancelled=lambda: False) -> float:
+    def wait_for_nodes(self) -> float:
         """Seconds until every follower joined; DeploymentFailed naming the nodes that did not in time."""
         started = time.perf_counter()
         deadline = started + self.join_timeout_s
@@ -118,7 +113,7 @@ class Leader:
             missing = [rank for rank in range(1, self.rendezvous.nodes) if self.store.get(f"joined/{rank}") is None]
             if not missing:
                 return time.perf_counter() - started
-            if cancelled() or time.perf_counter() > deadline:
+            if time.perf_counter() > deadline:
                 names = ", ".join(self.rendezvous.name(rank) for rank in missing)
                 raise DeploymentFailed(
                     f"{names} never joined the deployment within {self.join_timeout_s:.0f} s (its stage did not "
@@ -263,7 +258,7 @@ class Follower:
                 f"within {join_timeout_s:.0f} s: {str(error).splitlines()[0][:200]}") from None
         self.store.set(f"joined/{rendezvous.node_rank}", rendezvous.hostnames[rendezvous.node_rank])
 
-    def next_start(self, index: int, idle_s: float, cancelled=lambda: False) -> dict | None:
+    def next_start(self, index: int, idle_s: float) -> dict | None:
         """Start ``index``'s settings and engine port, or None when the leader ended the deployment."""
         deadline = time.perf_counter() + idle_s
         while True:
@@ -275,7 +270,7 @@ class Follower:
                     return None
             except RuntimeError as error:
                 raise DeploymentFailed(f"{self.rendezvous.name(0)} went away: {_first_line(error)}") from None
-            if cancelled() or time.perf_counter() > deadline:
+            if time.perf_counter() > deadline:
                 raise DeploymentFailed(f"{self.rendezvous.name(0)} announced no engine start for {idle_s:.0f} s")
             time.sleep(POLL_S)
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from ..sweep.metrics import PERCENTILE_SLO_LATENCIES, latencies, percentile_ms, summarize
 from ..sweep.workload import MAX_IN_FLIGHT, MAX_RATE, Workload
 from .client import Endpoint, run_requests
+from .launchers import ranks_of
 
 # DistServe's goodput counts a load as served when 90% of its requests meet their SLOs.
 ATTAINMENT = 0.90
@@ -33,12 +34,12 @@ TOLERANCE = 0.05
 GROWTH = 2.0
 # The percentiles each rate sweep point keeps of every latency, in ms (a percentile SLO names one of them).
 CHART_PERCENTILES = (50, 95, 99)
-LAYOUT_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
 
 
 def devices(settings: dict) -> int:
     """The devices an engine configuration occupies: its ranks, TP x PP x DP."""
-    return math.prod(int(settings.get(key) or 1) for key in LAYOUT_KEYS)
+    replica, dp = ranks_of(settings)
+    return replica * dp
 
 
 def meets(metrics: dict, requests: int) -> bool:

@@ -87,6 +87,14 @@ class NodeRole:
             raise ValueError(f"the engine's rendezvous port must be in 1-65535, not {self.master_port}")
 
 
+# The settings that say how an engine is laid out over devices and nodes (the rest tune it).
+LAYOUT_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "enable_expert_parallel")
+
+
+def layout_of(settings: dict) -> dict:
+    return {key: settings[key] for key in LAYOUT_KEYS if key in settings}
+
+
 def ranks_of(settings: dict) -> tuple[int, int]:
     """(ranks of one replica: TP x PP, data-parallel replicas)."""
     return (settings.get("tensor_parallel_size", 1) * settings.get("pipeline_parallel_size", 1),

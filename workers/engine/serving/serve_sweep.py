@@ -34,11 +34,10 @@ from ..sweep.workload import MAX_IN_FLIGHT, Workload, read_prompts_file
 from .checkpoint import vocab_size, write_validation_checkpoint
 from .client import Endpoint, run_requests
 from .correctness import check_correctness
-from .deployment import (DeployedServer, DeploymentFailed, Follower, Leader, Rendezvous, layout_of,
-                         spans_nodes)
+from .deployment import DeployedServer, DeploymentFailed, Follower, Leader, Rendezvous, spans_nodes
 from .engines import configured_engines
 from .goodput import goodput_trial
-from .launchers import LAUNCHERS, NodeRole, check_settings, split_over_nodes
+from .launchers import LAUNCHERS, NodeRole, check_settings, layout_of, split_over_nodes
 from .recipe import recipe
 from .server import EngineFailed, EngineServer, free_port, stop_servers_on_sigterm
 from .tensors import CheckpointRefused, check_checkpoint

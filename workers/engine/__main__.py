@@ -29,6 +29,7 @@ VERB_MODULES = {
     "sweep": ("sweep.cli", None),
     "serve": ("serving.cli", None),
     "bench-endpoint": ("serving.endpoint_cli", None),
+    "demo-model": ("models.demo", None),
 }
 
 

@@ -217,6 +217,14 @@ def node_in_process(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="session")
+def demo_checkpoint():
+    """SmolLM2-135M-Instruct with its real weights (``tests/engine/demo_model.py``)."""
+    from tests.engine.demo_model import demo_checkpoint as made
+
+    return made()
+
+
+@pytest.fixture(scope="session")
 def vllm_python() -> str:
     """The vLLM environment's interpreter (``.venv-vllm``, made by scripts/vllm-env.sh, which scripts/test.sh runs and
     names in D0_TEST_VLLM_PYTHON)."""

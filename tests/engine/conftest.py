@@ -10,6 +10,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 # The real release configs d0 ships as its catalog; tests read them from there.
 CONFIGS = ROOT / "adaptation" / "intake" / "catalog" / "configs"
@@ -30,3 +32,11 @@ def pytest_addoption(parser, pluginmanager):
     # declared here, or pytest warns of an unknown option.
     if not pluginmanager.has_plugin("django"):
         parser.addini("DJANGO_SETTINGS_MODULE", "the web app's settings, read by pytest-django")
+
+
+@pytest.fixture(scope="session")
+def demo_checkpoint():
+    """SmolLM2-135M-Instruct with its real weights (``tests/engine/demo_model.py``)."""
+    from tests.engine.demo_model import demo_checkpoint as made
+
+    return made()

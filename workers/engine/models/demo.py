@@ -108,3 +108,13 @@ def run(args) -> dict:
 
 def format_summary(result: dict) -> str:
     return f"{result['name']} ({result['parameters']:,} parameters, {result['weights']} weights) at {result['path']}"
+
+
+def check_demo_config(config: dict, folder: Path) -> None:
+    """A ValueError unless the job's model is the demo model (its config's shape is the checkpoint's): serving the
+    demo weights for another model's job would report figures of the wrong model."""
+    made = json.loads((Path(folder) / "config.json").read_text())
+    keys = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+    different = [key for key in keys if config.get(key) != made.get(key)]
+    if different:
+        raise ValueError(f"the demo weights are {NAME}'s; this job's model differs in {', '.join(different)}")

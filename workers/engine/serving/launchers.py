@@ -30,7 +30,12 @@ SETTINGS = {
     "enforce_eager": ("bool", "no CUDA graphs / torch.compile (faster start, slower steps)"),
     "seed": ("int", "the engine's random seed"),
     "kv_cache_space_gib": ("int", "vLLM's CPU build: GiB of RAM for the KV cache (VLLM_CPU_KVCACHE_SPACE)"),
+    # Not an engine argument: which checkpoint folder the engine is given (serving.variants), so that a sweep's
+    # variants are configurations like any other and the recipe names the one chosen.
+    "variant": ("str", "the checkpoint served: as_shipped, or a quantized variant d0 made on the node"),
 }
+# Settings d0 reads itself rather than passing to the engine as arguments.
+NOT_ARGUMENTS = ("kv_cache_space_gib", "variant")
 DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")
 
 
@@ -180,8 +185,8 @@ class VllmLauncher:
             if role.host_ip:
                 env["VLLM_HOST_IP"] = role.host_ip
         for name, value in settings.items():
-            if name == "kv_cache_space_gib":
-                if cpu_build:
+            if name in NOT_ARGUMENTS:
+                if name == "kv_cache_space_gib" and cpu_build:
                     env["VLLM_CPU_KVCACHE_SPACE"] = str(value)
                 continue
             flag = "--" + name.replace("_", "-")

@@ -31,9 +31,11 @@ from ..sweep.result import Goodput, Metrics, ServingBest, ServingTrial, TrialWor
 from ..sweep.search import MAX_GRID_VALUES, SEARCHES, Space
 from ..sweep.verdict import MIN_RUNS, judge, median_run
 from ..sweep.workload import MAX_IN_FLIGHT, Workload, read_prompts_file
+from ..models.demo import check_demo_config, make_demo_checkpoint
 from .checkpoint import vocab_size, write_validation_checkpoint
 from .client import Endpoint, run_requests
 from .correctness import check_correctness
+from .quality import AS_SHIPPED, QualityCheck, accuracy_settings, numerics_of, variant_summary, variant_weights
 from .deployment import DeployedServer, DeploymentFailed, Follower, Leader, Rendezvous, spans_nodes
 from .engines import configured_engines
 from .goodput import goodput_trial
@@ -179,6 +181,10 @@ class Session:
         self.max_model_len, self.leader = max_model_len, leader
         self.launcher = LAUNCHERS[engine.name]
         self.starts = 0
+        # On real weights: each start's numerics checked against the release (``quality``); the variants served
+        # (name -> its folder and the engine settings it needs), the checkpoint as shipped when none is named.
+        self.quality: QualityCheck | None = None
+        self.variants: dict[str, dict] = {}
         # Read once: every trial's prompts and the correctness check draw token ids below it.
         self.vocab = vocab_size(json.loads((checkpoint / "config.json").read_text()))
 
@@ -189,19 +195,25 @@ class Session:
         filled.setdefault("max_model_len", self.max_model_len)
         return filled
 
+    def served_checkpoint(self, settings: dict) -> Path:
+        variant = self.variants.get(settings.get("variant", AS_SHIPPED))
+        return Path(variant["path"]) if variant else self.checkpoint
+
     def server(self, settings: dict) -> tuple[EngineServer, object]:
         self.starts += 1
         port, filled = free_port(), self.settings(settings)
+        checkpoint = self.served_checkpoint(filled)
+        filled = {**(self.variants.get(filled.get("variant", AS_SHIPPED)) or {}).get("settings", {}), **filled}
         log_path = self.logs / f"engine-{self.starts}.log"
         cpu_build = bool(self.described.get("cpu_build"))
         if self.leader is not None and spans_nodes(filled):
             engine_port = free_port()
-            launch = self.launcher.launch(self.engine.python, self.checkpoint, filled, port=port, cpu_build=cpu_build,
+            launch = self.launcher.launch(self.engine.python, checkpoint, filled, port=port, cpu_build=cpu_build,
                                           role=self.leader.role(engine_port, node_address()))
             server = DeployedServer(launch.command, env=launch.env, port=port, health_path=launch.health_path,
                                     log_path=log_path, leader=self.leader, settings=filled, engine_port=engine_port)
             return server, launch
-        launch = self.launcher.launch(self.engine.python, self.checkpoint, filled, port=port, cpu_build=cpu_build)
+        launch = self.launcher.launch(self.engine.python, checkpoint, filled, port=port, cpu_build=cpu_build)
         server = EngineServer(launch.command, env=launch.env, port=port, health_path=launch.health_path,
                               log_path=log_path)
         return server, launch
@@ -269,6 +281,12 @@ def run_trials(session: Session, settings: dict, clients: list[dict], workload: 
                 workload=TrialWorkload(requests=trial_workload.requests, arrival=trial_workload.arrival,
                                        concurrency=served["in_flight"]),
                 goodput=Goodput.from_dict(served.get("goodput"))).as_dict())
+        if session.quality is not None and trials:
+            # While this start is up: its numerics against the release (once per numerics over the sweep).
+            session.quality.check(Endpoint(server.base_url, "d0"), session.settings(settings),
+                                  session.served_checkpoint(session.settings(settings)))
+            if not server.alive():
+                raise server.failure("exited", "the engine exited while its answers were checked")
     except EngineFailed as error:
         done = len(trials)
         trials += [ServingTrial(id=first_id + done + index, **shown, client=client, status="failed",
@@ -498,7 +516,14 @@ def _weights(params: dict, work: Path) -> tuple[Path, dict, dict]:
     same seed on every node), what it is, and its tensors checked against the config and the layout."""
     if params.get("weights_path"):
         checkpoint = Path(params["weights_path"])
-        weights = {"kind": "checkpoint", "path": str(checkpoint), "description": "the node's checkpoint folder"}
+        weights = {"kind": "checkpoint", "path": str(checkpoint), "description": "the node's checkpoint folder",
+                   "real": True}
+    elif params.get("demo_weights"):
+        demo = make_demo_checkpoint()
+        checkpoint = Path(demo["path"])
+        check_demo_config(params["config"], checkpoint)
+        weights = {"kind": "checkpoint", "path": str(checkpoint), "real": True,
+                   "description": f"d0's demo model, {demo['name']} with its real weights ({demo['source']})"}
     else:
         checkpoint = work / "checkpoint"
         weights = {"kind": "validation checkpoint", **write_validation_checkpoint(params["config"], checkpoint)}
@@ -510,6 +535,22 @@ def _weights(params: dict, work: Path) -> tuple[Path, dict, dict]:
     return checkpoint, weights, tensors
 
 
+def prepare_variants(params: dict, session: Session, progress) -> dict[str, dict]:
+    """The quantized variants the sweep serves beside the checkpoint as shipped, made on this node by the engine's
+    own environment (``variants``) into the node's cache, where a later sweep (and the recipe) finds them again."""
+    from .variants import VariantFailed, prepare_variant, variants_folder
+
+    made = {}
+    for index, name in enumerate(params["variants"]):
+        progress(0.02 + 0.03 * index / len(params["variants"]), f"preparing the variant {name}")
+        try:
+            made[name] = prepare_variant(name, checkpoint=session.checkpoint, engine_python=session.engine.python,
+                                         out=variants_folder(session.checkpoint, name))
+        except VariantFailed as error:
+            raise ServeSweepFailed(f"the variant {name} could not be made: {error}") from None
+    return made
+
+
 def _lead(session: Session, params: dict, workload: Workload, weights: dict, progress) -> dict:
     """The sweep itself (on one node, or on node rank 0 of a deployment): its trials, best, recipe, correctness."""
     grid = params["grid"] or ({} if params["configurations"] else DEFAULT_GRID)
@@ -518,11 +559,33 @@ def _lead(session: Session, params: dict, workload: Workload, weights: dict, pro
         client = {key: given[key] for key in CLIENT_KEYS if key in given}
         groups.append(({**params["settings"], **{k: v for k, v in given.items() if k not in CLIENT_KEYS}},
                        [client]))
-    trials, search = run_search(session, groups, workload, params, progress)
+    latest = [0.0]  # the quality checks run inside the search: they report at the search's own fraction
+
+    def step(fraction: float, message: str) -> None:
+        latest[0] = fraction
+        progress(fraction, message)
+
+    if weights.get("real"):
+        session.variants = prepare_variants(params, session, progress)
+        session.quality = QualityCheck(Path(params.get("reference_path") or session.checkpoint),
+                                       tokens=params["correctness_tokens"], variants=session.variants,
+                                       accuracy=accuracy_settings(params),
+                                       progress=lambda message: progress(latest[0], message))
+        if params["variants"] != [AS_SHIPPED]:
+            groups = [({**settings, "variant": name}, clients) for name in params["variants"]
+                      for settings, clients in groups]
+    trials, search = run_search(session, groups, workload, params, step)
+    quality = None
+    if session.quality is not None:
+        progress(0.86, "judging each configuration's answers and accuracy against the reference")
+        quality = session.quality.finish()
+        session.quality.mark(trials)
     best = best_trial(trials, workload)
     if best is None:
         causes = sorted({f"{trial.get('cause', trial['status'])}: {trial['reason']}"[:300] for trial in trials})
-        raise ServeSweepFailed(f"no configuration of {len(trials)} served its workload: " + "; ".join(causes))
+        raise ServeSweepFailed(f"no configuration of {len(trials)} served its workload"
+                               + (" and passed its checks against the reference" if quality else "") + ": "
+                               + "; ".join(causes))
     try:
         # The cost model builds the checkpoint on torch's meta device; imported here so that the stage's
         # declaration (PARAMETERS, checked by the web tier) is importable without torch.
@@ -535,7 +598,12 @@ def _lead(session: Session, params: dict, workload: Workload, weights: dict, pro
     except Exception as error:  # the prediction is beside the measurement; its failure is said, not fatal
         predicted = {"available": False, "reason": f"the cost model failed: {type(error).__name__}: {error}"}
     correctness = None
-    if params["correctness"]:
+    if quality is not None:
+        chosen = next(entry for entry in quality["entries"] if entry["numerics"] == numerics_of(best["settings"]))
+        correctness = {**chosen["correctness"], "kind": "real weights", "numerics": chosen["label"],
+                       "reference": quality["reference"]}
+        weights = {**weights, **variant_weights(session.variants.get(best["settings"].get("variant", AS_SHIPPED)))}
+    elif params["correctness"]:
         progress(0.87, "checking correctness: greedy tokens of the engine and of transformers")
         correctness = check_correctness(session, best["settings"], vocab=session.vocab,
                                         tokens=params["correctness_tokens"],
@@ -548,6 +616,8 @@ def _lead(session: Session, params: dict, workload: Workload, weights: dict, pro
             "verdict": best["verdict"],
             "recipe": {**recipe(best, session.described, weights), "prediction": predicted},
             "correctness": correctness, "engine_starts": session.starts, "search": search,
+            "quality": quality if quality is not None else {"note": "no accuracy check: random weights"},
+            "variants": variant_summary(trials, quality, session.variants) if quality is not None else [],
             "metric_definitions": DEFINITIONS}
 
 

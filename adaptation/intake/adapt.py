@@ -10,7 +10,8 @@ from django.core.exceptions import ValidationError
 from ..choices import NodeStatus
 from ..jobs.services import submit_job
 from ..models import AdaptationJob, Cluster, Device, ModelSpec
-from ..serving.services import ADAPTATION_SERVE_SWEEP, NO_ENGINE, cluster_serves
+from ..serving.services import ADAPTATION_REAL_WEIGHTS, ADAPTATION_SERVE_SWEEP, NO_ENGINE, cluster_serves
+from . import catalog
 from .served_layout import engine_settings, layout_text, served_plan
 from .services import cluster_devices, plan
 
@@ -68,14 +69,24 @@ def submit_adaptation(*, model: ModelSpec, cluster: Cluster, user, weights_path:
     layout, why = adaptation_layout(cluster, devices, plans)
     layout_plan = serve_layout(cluster, devices, plans, no_plan_reason)
     served = layout_plan["served"]
-    serve = {**ADAPTATION_SERVE_SWEEP,
-             "settings": {**ADAPTATION_SERVE_SWEEP.get("settings", {}), **engine_settings(served)},
-             "node_count": served["nodes"], "plan": layout_plan,
-             **({"weights_path": weights_path} if weights_path else {})}
+    entry = catalog.BY_SLUG.get(model.catalog_slug)
+    demo = bool(entry and entry.demo_weights and not weights_path)
+    real = bool(weights_path) or demo
+    serve = {**(ADAPTATION_REAL_WEIGHTS if real else ADAPTATION_SERVE_SWEEP), "node_count": served["nodes"],
+             "plan": layout_plan, **({"weights_path": weights_path} if weights_path else {}),
+             **({"demo_weights": True} if demo else {})}
+    serve["settings"] = {**serve.get("settings", {}), **engine_settings(served)}
+    if real and served["nodes"] > 1:
+        serve["variants"] = ["as_shipped"]  # quantized variants are made on one node; a deployment spans several
     method = model.analysis.get("method") if model.analysis else "?"
+    weights = weights_path or ("d0's demo model with its real weights, made on the node" if demo else
+                               "a validation checkpoint (the architecture reduced, seeded random weights)")
     notes = [f"adaptation: model analysed at upload ({method}); sharded run uses {why}",
-             f"adaptation: the serve sweep serves {layout_text(served)}: {layout_plan['why']}; weights: "
-             + (weights_path or "a validation checkpoint (the architecture reduced, seeded random weights)")]
+             f"adaptation: the serve sweep serves {layout_text(served)}: {layout_plan['why']}; weights: {weights}",
+             "adaptation: " + ("each configuration checked against transformers in float32 on the checkpoint "
+                               "(chat template, answers), the accuracy gate (lm-eval against the endpoint and the "
+                               f"reference), variants {', '.join(serve.get('variants', ['as_shipped']))}" if real
+                               else "no accuracy check: random weights")]
     if not cluster_serves(cluster):
         notes.append(f"adaptation: {NO_ENGINE}; one must by the time the serve sweep starts, or that stage cannot "
                      "be placed")

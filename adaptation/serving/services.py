@@ -23,6 +23,12 @@ ENDPOINT_REPORT_KIND = "endpoint_bench"
 # workload; teams give their own grid and SLOs through the job form or the API.
 ADAPTATION_SERVE_SWEEP = {"grid": {"max_num_seqs": [2, 4], "block_size": [32, 64]},
                           "workload": {"requests": 8, "prompt_len": 32, "output_len": 16}}
+# On real weights the adaptation's sweep is over the variants (each checked against the reference and gated on
+# accuracy) at one engine configuration: each variant is an engine start, and a wider grid is the serve sweep's
+# own stage to run.
+ADAPTATION_REAL_WEIGHTS = {"grid": {"max_num_seqs": [4], "block_size": [64]},
+                           "variants": ["as_shipped", "w8a8-int8", "w4a16"],
+                           "workload": {"requests": 8, "prompt_len": 32, "output_len": 16}}
 
 
 def engine_of(host_facts: dict, name: str = "vllm") -> dict | None:

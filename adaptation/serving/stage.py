@@ -38,6 +38,9 @@ class ServeSweep(StageHandler):
             split_over_nodes(declared.get("settings") or {}, int(declared.get("node_count") or 1))
         except ValueError as error:
             raise ParameterError(f"{self.kind}.node_count", str(error)) from None
+        if int(declared.get("node_count") or 1) > 1 and (declared.get("variants") or ["as_shipped"]) != ["as_shipped"]:
+            raise ParameterError(f"{self.kind}.variants", "quantized variants are made and served on one node; "
+                                 "a deployment over several nodes serves the checkpoint as shipped")
 
     def world_size(self, params: dict) -> int:
         """The engine's ranks: TP x PP x DP."""

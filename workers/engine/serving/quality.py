@@ -68,13 +68,17 @@ class QualityCheck:
         if folder not in self._weights:
             self._weights[folder] = weights_versus_reference(served_checkpoint, self.reference_checkpoint)
         self.progress(f"checking {numerics_label(numerics)} against the reference")
+        started = time.perf_counter()
         entry = {"numerics": numerics, "label": numerics_label(numerics), "variant": variant or None,
                  "correctness": check_engine(endpoint, self.reference, dtype=settings.get("dtype"),
                                              bits=variant.get("bits"), weights=self._weights[folder])}
+        # What validating this numerics cost, beside the serving it checks (benchmarks/validation_cost.py).
+        entry["seconds"] = {"correctness": time.perf_counter() - started}
         if self.accuracy:
             from .accuracy import evaluate_endpoint
 
             self.progress(f"evaluating {numerics_label(numerics)} on {self.accuracy['task']} (lm-eval)")
+            started = time.perf_counter()
             entry["accuracy"] = _guarded(lambda: evaluate_endpoint(
                 endpoint.base_url, endpoint.model, self.reference_checkpoint, Path(self.accuracy["task_dir"]),
                 self.accuracy["task"]))
@@ -82,6 +86,7 @@ class QualityCheck:
                 entry["perplexity"] = _guarded(lambda: evaluate_endpoint(
                     endpoint.base_url, endpoint.model, self.reference_checkpoint, Path(self.accuracy["task_dir"]),
                     self.accuracy["perplexity_task"]))
+            entry["seconds"]["accuracy"] = time.perf_counter() - started
         self.entries[key] = entry
         return entry
 
@@ -90,7 +95,9 @@ class QualityCheck:
         engine beside it); each entry's ``verdict`` and ``reasons``."""
         reference_accuracy = None
         if self.accuracy:
+            started = time.perf_counter()
             reference_accuracy = self._reference_accuracy()
+            self.reference_accuracy_seconds = time.perf_counter() - started
         shipped = self._unquantized()
         for entry in self.entries.values():
             reasons: list[tuple[str, str]] = [("correctness", reason)
@@ -115,6 +122,7 @@ class QualityCheck:
             entry["reasons"] = [reason for _, reason in reasons]
         return {"reference": {**(self.reference.describe() if self.reference else {}),
                               "seconds": getattr(self, "reference_seconds", None),
+                              "accuracy_seconds": getattr(self, "reference_accuracy_seconds", None),
                               "accuracy": reference_accuracy},
                 "accuracy": self.accuracy, "entries": list(self.entries.values())}
 

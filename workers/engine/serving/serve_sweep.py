@@ -56,6 +56,14 @@ SAMPLE_S = 0.2
 FINALISTS = 2
 
 
+def check_sweep_settings(settings: dict) -> dict:
+    """Engine settings a sweep takes: ``launchers.check_settings``'s, less ``variant``, which the sweep sets itself
+    from its ``variants`` (a variant named here would be served without being made)."""
+    if isinstance(settings, dict) and "variant" in settings:
+        raise ValueError("variant is not set by hand: name the variants to serve in the variants parameter")
+    return check_settings(settings)
+
+
 def check_grid(grid: dict) -> None:
     if not isinstance(grid, dict):
         raise ValueError("the grid maps engine settings (and concurrency) to lists of values")
@@ -71,7 +79,7 @@ def check_grid(grid: dict) -> None:
                 raise ParameterError(key, f"values must be at most {MAX_IN_FLIGHT}, not {max(values)}")
             continue
         for value in values:
-            check_settings({key: value})
+            check_sweep_settings({key: value})
     # The product of the lengths, not of the lists: a grid of many long lists is refused without being multiplied out.
     count = math.prod(len(values) for values in grid.values())
     if count > MAX_CONFIGURATIONS:

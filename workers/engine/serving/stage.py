@@ -13,10 +13,10 @@ from .endpoint_bench import MAX_CONCURRENCIES, check_base_url, run_endpoint_benc
 from .endpoint_guard import EndpointPolicy
 from .engines import KNOWN
 from .accuracy import DEFAULT_MAX_DROP_POINTS, check_published
-from .launchers import SETTINGS, check_settings
+from .launchers import SETTINGS
 from .quality import AS_SHIPPED
 from .variants import VARIANT_HELP, VARIANTS, check_variants
-from .serve_sweep import DEFAULT_GRID, MAX_CONFIGURATIONS, check_grid, run_serve_sweep
+from .serve_sweep import DEFAULT_GRID, MAX_CONFIGURATIONS, check_grid, check_sweep_settings, run_serve_sweep
 
 PARAMETERS = (
     Parameter("config", "object", "the model's config.json (the job's model)", set_by="control"),
@@ -48,7 +48,7 @@ PARAMETERS = (
     Parameter("accuracy_reference", "object", "a published reference score instead of evaluating the reference: "
               "{\"accuracy\": 0.62, \"source\": \"the model card\"}", nullable=True, check=check_published),
     Parameter("settings", "object", "engine settings every trial uses, named as vLLM's arguments: "
-              + ", ".join(SETTINGS), default={}, check=check_settings),
+              + ", ".join(SETTINGS), default={}, check=check_sweep_settings),
     Parameter("grid", "object", "lists of engine settings to try, one engine start per combination; "
               "concurrency (client side) reuses a start (default, when no configurations are given either: "
               + ", ".join(f"{key} {values}" for key, values in DEFAULT_GRID.items()) + ")", default={},

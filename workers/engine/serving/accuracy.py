@@ -6,7 +6,8 @@ served accuracy is close enough.
 A task is a folder of lm-eval task YAMLs with their data next to them (d0 ships ``tasks/d0_basic``; a team's own
 folder lies under the node's data roots). ``dataset_kwargs.data_files`` paths that are relative are read relative
 to the YAML's folder (lm-eval itself reads them relative to the working directory). Task folders are data: a YAML
-with ``!function`` (Python that lm-eval would import from the folder) is refused.
+with ``!function`` (Python that lm-eval would import from the folder) is refused, and templates render in jinja2's
+sandbox.
 
 lm-eval is imported inside the functions: it takes seconds to import, and only this stage needs it.
 """
@@ -20,9 +21,11 @@ import time
 from pathlib import Path
 
 LM_EVAL_VERSION = "0.4.13"
-# d0's own tasks: a multiple-choice one (accuracy) and a rolling-loglikelihood one (perplexity).
+# d0's own tasks: multiple choice (accuracy, completions API), short answers (accuracy, chat API) and a text
+# (perplexity, completions API).
 SHIPPED_TASKS = Path(__file__).parent / "tasks" / "d0_basic"
 ACCURACY_TASK = "d0_basic_facts"
+CHAT_TASK = "d0_basic_chat"
 PERPLEXITY_TASK = "d0_text_perplexity"
 # The context both sides score in: the served engine's max_model_len or less (a completion with echo needs the
 # whole prompt in the engine's window).
@@ -30,9 +33,12 @@ MAX_LENGTH = 1024
 # Items the report keeps the prompt of, and how much of it: samples are for reading a few, not a second dataset.
 PROMPT_CHARS = 120
 REFERENCE_BATCH = 16
-# Requests of the served side: prompts per completions request, and requests in flight.
-ENDPOINT_BATCH = 8
-ENDPOINT_CONCURRENCY = 4
+# Requests of the served side: prompts per completions request and such requests in flight (few large requests
+# beat many small ones: 112 items took 6-10 s at 32 x 2, 18 s at 8 x 4 on a busy 2-core machine); a chat request
+# carries one conversation, so more of them are in flight.
+ENDPOINT_BATCH = 32
+ENDPOINT_CONCURRENCY = 2
+CHAT_CONCURRENCY = 8
 PERPLEXITY_METRICS = ("word_perplexity", "byte_perplexity", "bits_per_byte")
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -61,12 +67,11 @@ def evaluate_endpoint(base_url: str, model: str, tokenizer: Path, task_dir: Path
     route = {"completions": "completions", "chat-completions": "chat/completions"}[api]
     arguments = {"model": model, "base_url": f"{base_url.rstrip('/')}/v1/{route}", "tokenizer": str(tokenizer),
                  "tokenizer_backend": "huggingface", "max_length": max_length, "max_retries": 1,
-                 "num_concurrent": ENDPOINT_CONCURRENCY, "timeout": 120}
+                 "timeout": 120}
     if api == "completions":
-        arguments.update(tokenized_requests=True, batch_size=ENDPOINT_BATCH)
+        arguments.update(tokenized_requests=True, batch_size=ENDPOINT_BATCH, num_concurrent=ENDPOINT_CONCURRENCY)
     else:
-        # chat requests carry one conversation each
-        arguments.update(tokenized_requests=False, batch_size=1)
+        arguments.update(tokenized_requests=False, batch_size=1, num_concurrent=CHAT_CONCURRENCY)
     if api_key:
         arguments["header"] = {"Authorization": f"Bearer {api_key}"}
     return _evaluate(model_type, arguments, task_dir, task, chat=api == "chat-completions")
@@ -136,6 +141,21 @@ def task_config(task_dir: Path, task: str):
     return manager, config
 
 
+def sandbox_templates() -> None:
+    """Render lm-eval's templates (a task's doc_to_text and the like, a remote tokenizer's chat template) in
+    jinja2's sandbox: lm-eval renders them with a plain Environment, through which a template reaches Python (a
+    team's task folder, an endpoint someone else runs)."""
+    from jinja2 import BaseLoader, StrictUndefined
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from lm_eval import utils
+
+    if not isinstance(utils.env, ImmutableSandboxedEnvironment):
+        sandbox = ImmutableSandboxedEnvironment(loader=BaseLoader, undefined=StrictUndefined,
+                                                keep_trailing_newline=True)
+        sandbox.filters.update(utils.env.filters)
+        utils.env = sandbox
+
+
 def _absolute(files, folder: Path):
     if isinstance(files, dict):
         return {split: _absolute(value, folder) for split, value in files.items()}
@@ -149,6 +169,7 @@ def _evaluate(model_type: str, arguments: dict, task_dir: Path, task: str, *, ch
     os.environ.update(OFFLINE)
     from lm_eval import evaluator
 
+    sandbox_templates()
     manager, config = task_config(task_dir, task)
     started = time.perf_counter()
     output = evaluator.simple_evaluate(model=model_type, model_args=arguments, tasks=[config], task_manager=manager,

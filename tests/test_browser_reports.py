@@ -1,5 +1,5 @@
-"""In headless Chromium: the coverage heatmap and gap pages, and a sweep report both on its page and as the
-downloaded self-contained HTML file opened offline (file://), with every chart drawn."""
+"""In headless Chromium: the coverage heatmap and gap pages, a sweep report both on its page and as the downloaded
+self-contained HTML file opened offline (file://), with every chart drawn, and an engine report's quality chart."""
 
 import re
 
@@ -136,3 +136,21 @@ def test_pages_fit_a_390_px_phone_without_sideways_scrolling(live_server, cluste
         page.goto(f"{live_server.url}{url}")
         page.wait_for_load_state("networkidle")
         screenshot(page, name)
+
+
+def test_an_engine_report_on_real_weights_draws_its_quality_chart_and_fits_a_phone(live_server, job, node, member,  # noqa: F811
+                                                                                   page):  # noqa: F811
+    from tests.test_serving_quality_report import real_weights_result
+
+    run = StageRun.objects.create(job=job, kind="serve_sweep", node=node, node_name=node.hostname,
+                                  status="succeeded", result=real_weights_result())
+    page.set_viewport_size({"width": 390, "height": 844})
+    log_in(page, live_server)
+    page.goto(f"{live_server.url}/engines/{run.pk}/")
+    chart = page.locator(f"#engine-quality-{run.pk}-quality-against-speed")
+    chart.locator(".main-svg").first.wait_for(timeout=20_000)
+    assert chart.locator(".scatterlayer .point").count() >= 3
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= 390
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.locator("#validated").scroll_into_view_if_needed()
+    screenshot(page, "engine-report-validated")

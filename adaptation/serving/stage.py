@@ -13,7 +13,28 @@ from workers.engine.sweep.result import EndpointBenchResult, ServeSweepResult, s
 from ..stages import Outcome, StageHandler, register
 from ..models import ServingEndpoint, StageRun
 from ..sweeps.services import with_measured_hardware
-from .services import ENDPOINT_REPORT_KIND, ENGINE_REPORT_KIND, deployment_line, endpoint_parameters, engine_of
+from .services import (ENDPOINT_REPORT_KIND, ENGINE_REPORT_KIND, deployment_line, endpoint_parameters, engine_of,
+                       validation)
+
+
+def validated_numerics(stored: dict) -> str:
+    """On real weights, the numerics the recipe serves and its accuracy against the reference, as the headline
+    says them (" serving w8a8-int8, dtype bfloat16 (accuracy 61.0% against the reference's 63.0%, gate passed)");
+    nothing on random weights."""
+    checked = validation(stored)
+    chosen = next((entry for entry in checked.get("entries", ()) if entry["chosen"]), None)
+    if chosen is None:
+        return ""
+    served_accuracy, gate = (chosen["accuracy"] or {}).get("accuracy"), chosen["gate"]
+    reference = ((checked["reference"]["accuracy"]) or {}).get("accuracy")
+    if served_accuracy is None:
+        quality = "answers checked against the reference, no accuracy gate"
+    else:
+        quality = f"accuracy {100 * served_accuracy:.1f}%" + (
+            f" against the reference's {100 * reference:.1f}%" if reference is not None else "")
+        if gate is not None:
+            quality += ", gate passed" if gate["passed"] else ", gate not passed"
+    return f" serving {chosen['label'][:200]} ({quality})"
 
 
 @register
@@ -70,9 +91,11 @@ class ServeSweep(StageHandler):
         measured = (result.recipe or {}).get("measured") or {}
         warnings = []
         if result.weights.get("kind") == "validation checkpoint":
-            warnings.append("served a validation checkpoint (reduced, random weights), not the release's weights")
+            warnings += ["served a validation checkpoint (reduced, random weights), not the release's weights",
+                         "no accuracy check: random weights"]
         verdict = (result.correctness or {}).get("verdict")
-        if verdict not in (None, "agree"):
+        # "agree" is the random-weights check's word for a pass, "pass" the real-weights check's.
+        if verdict not in (None, "agree", "pass"):
             warnings.append(f"correctness: {verdict}")
         if result.verdict and not result.verdict.confirmed:
             warnings.append(f"the pick is {result.verdict.verdict}: {result.verdict.reason}")
@@ -86,8 +109,8 @@ class ServeSweep(StageHandler):
             figure = (f"goodput {number(goodput.get('goodput_requests_per_s')) or 0:.2f} req/s under the SLOs, "
                       f"{number(goodput.get('goodput_per_device')):.2f} per device; {figure}")
         return Outcome(f"recipe on {result.engine.get('name', '?')} {result.engine.get('version') or ''} at "
-                       f"{deployment_line(stored.get('deployment'), (result.recipe or {}).get('settings'))}: "
-                       f"{figure}; {served(result.trials)}", warnings)
+                       f"{deployment_line(stored.get('deployment'), (result.recipe or {}).get('settings'))}"
+                       f"{validated_numerics(stored)}: {figure}; {served(result.trials)}", warnings)
 
     def page(self, job, run) -> str | None:
         if run.status != "succeeded" or (run.result or {}).get("role") == "follower":

@@ -88,3 +88,11 @@ def flops(value) -> str:
     if value in (None, ""):
         return "—"
     return f"{value / 1e9:,.1f} GFLOP/s" if value < 1e12 else f"{value / 1e12:,.1f} TFLOP/s"
+
+
+@register.filter
+def percent(fraction, digits=1) -> str:
+    """A share (0.625) as a percentage ("62.5%"); "—" for anything that is not a number."""
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+        return "—"
+    return f"{100 * fraction:.{int(digits)}f}%"

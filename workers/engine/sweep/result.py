@@ -455,6 +455,9 @@ class ServingTrial(Record):
     repeat: bool | None = None
     # Where the workload asked for a goodput search: its outcome (the metrics are those of its best run).
     goodput: Goodput | None = field(default=None, metadata=read_with(Goodput.from_dict))
+    # On real weights, its numerics' check against the reference (``quality.QualityCheck.mark``): the verdict
+    # (pass, failed-correctness, failed-accuracy, under-recovery) and the numerics' label.
+    quality: dict | None = None
 
 
 @dataclass(kw_only=True)
@@ -492,6 +495,12 @@ class ServeSweepResult(Record):
     metric_definitions: dict = field(default_factory=dict)
     # The verdict over the finalists, each served at least 3 times (absent from reports stored before verdicts).
     verdict: Verdict | None = field(default=None, metadata=read_with(Verdict.from_dict))
+    # Each numerics served checked against the reference (``quality.QualityCheck.finish``: the reference, the
+    # accuracy settings, an entry per numerics), or a note saying why not (random weights).
+    quality: dict | None = None
+    # Per numerics served, its best throughput beside its quality (``quality.variant_summary``); empty on random
+    # weights.
+    variants: list = field(default_factory=list)
 
     @property
     def grid_share(self) -> float | None:

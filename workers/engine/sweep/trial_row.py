@@ -75,6 +75,8 @@ class Column:
     page: bool = True
     terminal: bool = False
     numeric: bool = True
+    # Shown on the page only when some trial has it (a figure only some sweeps measure).
+    only_if_given: bool = False
 
     def show(self, trial) -> Cell:
         return self.cell(trial) if self.cell else Cell(self.text(self.value(trial)))
@@ -91,12 +93,21 @@ def _percentile(name: str, stat: str):
     return read
 
 
+def _quality(trial) -> dict:
+    quality = getattr(trial, "quality", None)
+    return quality if isinstance(quality, dict) else {}
+
+
 def _status(trial) -> Cell:
     cause = getattr(trial, "cause", None)
     reason = (trial.reason or "").strip()
     if len(reason) > REASON_CHARS:
         reason = reason[:REASON_CHARS - 1] + "…"
-    return Cell(f"{trial.status} ({cause})" if cause else _plain(trial.status), note=reason)
+    # A trial whose numerics failed a check against the reference keeps its figures but is never the pick.
+    failed_check = _quality(trial).get("verdict") not in (None, "pass")
+    return Cell(f"{trial.status} ({cause})" if cause else _plain(trial.status), note=reason, flag=failed_check,
+                title="its numerics failed a check against the reference: its figures are kept, it is never the pick"
+                if failed_check else "")
 
 
 def _throughput(trial) -> Cell:
@@ -167,6 +178,9 @@ SERVE_SWEEP_COLUMNS = (
     Column("settings", "engine settings", lambda trial: _settings(trial.settings) or None, terminal=True,
            numeric=False, cell=lambda trial: Cell(_settings(trial.settings) or NONE, verbatim=True)),
     CLIENT, RUNG, REQUESTS, STATUS,
+    # On real weights: the numerics served (variant, dtype) and its verdict against the reference.
+    Column("numerics", "numerics", lambda trial: _quality(trial).get("label"), numeric=False, only_if_given=True),
+    Column("quality", "quality", lambda trial: _quality(trial).get("verdict"), page=False, numeric=False),
     Column("startup_s", "start", lambda trial: trial.startup_s, "s", _number(".1f", " s")),
     *METRICS, PEAK_MEMORY, REASON,
 )
@@ -209,7 +223,8 @@ class TrialTable:
 
     @property
     def page_columns(self) -> list[Column]:
-        return [column for column in self.columns if column.page]
+        return [column for column in self.columns if column.page and not (
+            column.only_if_given and all(column.value(trial) is None for trial in self.trials))]
 
     @property
     def page_rows(self) -> list[TrialRow]:

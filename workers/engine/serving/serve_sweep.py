@@ -15,6 +15,7 @@ checked against the config before any engine starts (``tensors``), or a validati
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -543,19 +544,41 @@ def _weights(params: dict, work: Path) -> tuple[Path, dict, dict]:
     return checkpoint, weights, tensors
 
 
+VARIANT_MARKER = "d0-variant.json"
+
+
+def variants_folder(checkpoint: Path, name: str) -> Path:
+    """Where this node keeps the variant ``name`` of ``checkpoint``: under its state folder, named by the
+    checkpoint's path and its weight files' sizes and times, so a changed checkpoint gets new variants."""
+    checkpoint = Path(checkpoint).resolve()
+    files = sorted((item.name, item.stat().st_size, item.stat().st_mtime_ns)
+                   for item in checkpoint.glob("*.safetensors"))
+    stamp = hashlib.sha256(json.dumps([str(checkpoint), files]).encode()).hexdigest()[:16]
+    base = Path(os.environ.get("D0_VAR_DIR") or Path.home() / ".cache" / "d0")
+    return base / "variants" / f"{checkpoint.name}-{stamp}" / name
+
+
 def prepare_variants(params: dict, session: Session, progress) -> dict[str, dict]:
     """The quantized variants the sweep serves beside the checkpoint as shipped, made on this node by the engine's
     own environment (``variants``) into the node's cache, where a later sweep (and the recipe) finds them again."""
-    from .variants import VariantFailed, prepare_variant, variants_folder
+    from .variants import VariantFailed, prepare_variant
 
     made = {}
     for index, name in enumerate(params["variants"]):
+        out = variants_folder(session.checkpoint, name)
+        try:
+            made[name] = json.loads((out / VARIANT_MARKER).read_text())
+            continue
+        except (OSError, ValueError):
+            pass
         progress(0.02 + 0.03 * index / len(params["variants"]), f"preparing the variant {name}")
         try:
             made[name] = prepare_variant(name, checkpoint=session.checkpoint, engine_python=session.engine.python,
-                                         out=variants_folder(session.checkpoint, name))
+                                         out=out)
         except VariantFailed as error:
             raise ServeSweepFailed(f"the variant {name} could not be made: {error}") from None
+        if Path(made[name]["path"]) == out:
+            (out / VARIANT_MARKER).write_text(json.dumps(made[name]))
     return made
 
 

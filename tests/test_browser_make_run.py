@@ -72,6 +72,7 @@ def test_make_run_then_the_demo_model_adapted_from_the_browser_ends_validated_on
         for name in ("w8a8-int8", "w4a16"):
             assert rows[name]["recovery"]["accuracy_pct"] is not None, rows[name]
             assert rows[name]["output_tokens_per_s"] > 0 and rows[name]["peak_memory_bytes"] > 0
+            assert rows[name]["disk_bytes"] < rows["as_shipped"]["disk_bytes"]  # a quantized folder, made
             assert rows[name]["recommended"] == (rows[name]["verdict"] == "pass")
         chosen = result["recipe"]["settings"]["variant"]
         assert rows[chosen]["recommended"] and result["recipe"]["weights"]["variant"] == chosen

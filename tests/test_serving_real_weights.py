@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from workers.engine.serving.accuracy import gate, perplexity_change
 from workers.engine.serving.client import Endpoint
 from workers.engine.serving.engines import Engine
 from workers.engine.serving.reference_check import Reference, check_engine
@@ -77,15 +78,29 @@ def test_float32_and_bfloat16_are_each_checked_against_the_float32_reference(dty
 def test_the_accuracy_gate_runs_lm_eval_on_both_sides_and_decides(dtype_sweep):
     quality = dtype_sweep["quality"]
     reference = quality["reference"]["accuracy"]
-    assert reference["source"] == "measured" and reference["n"] >= 50
+    assert reference["source"] == "measured" and reference["harness"] == "lm-eval 0.4.13 hf"
     for entry in quality["entries"]:
         served = entry["accuracy"]
-        assert served["n"] == reference["n"] and served["samples"]
-        assert 0 <= served["wilson_lower_95"] <= served["accuracy"]
-        assert entry["gate"]["passed"], entry["gate"]["rule"]
-        # The same model on the same items: the served accuracy is the reference's within a few items.
-        assert abs(served["accuracy"] - reference["accuracy"]) <= 0.05
-    assert reference["accuracy"] > 0.4  # the demo model does the shipped task well above chance
+        assert served["harness"] == "lm-eval 0.4.13 local-completions"
+        for result in (served, reference):
+            assert result["n"] == len(result["samples"]) >= 100 and result["metric"] == "acc"
+            assert result["correct"] == sum(sample["correct"] for sample in result["samples"])
+            assert result["wilson_lower_95"] < result["accuracy"] and 0 < result["stderr"] < 0.1
+            assert result["accuracy"] > 0.6  # four choices: chance is 25%
+        # The same model on the same items: an item or two may flip between bfloat16 and float32, no more.
+        assert abs(served["accuracy"] - reference["accuracy"]) <= 0.03
+        assert entry["gate"]["passed"] and entry["gate"]["reference_source"] == "measured", entry["gate"]["rule"]
+        # A published score the served model does not reach fails the gate, as no drop allowed at all does.
+        assert not gate(served, 0.98, max_drop_points=5)["passed"]
+        assert not gate(served, reference, max_drop_points=0)["passed"]
+        # Through the chat API (the engine applies the template) and on a local text.
+        chat = entry["chat_accuracy"]
+        assert chat["harness"] == "lm-eval 0.4.13 local-chat-completions" and chat["n"] == 27
+        assert chat["accuracy"] > 0.6
+        change = perplexity_change(entry["perplexity"], reference["perplexity"])
+        assert abs(change["relative"]) < 0.05, change
+    first = quality["entries"][0]["accuracy"]["samples"][0]
+    assert first["prompt"] == "Question: What is the opposite of hot?\nAnswer:" and first["target"] == "cold"
 
 
 def _altered_copy(original: Path, into: Path) -> str:

@@ -8,13 +8,8 @@ import pytest
 
 from workers.engine.serving.accuracy import (
     ACCURACY_TASK,
-    CHAT_TASK,
-    PERPLEXITY_TASK,
     SHIPPED_TASKS,
-    evaluate_endpoint,
-    evaluate_reference,
     gate,
-    perplexity_change,
     sandbox_templates,
     task_config,
     wilson_lower,
@@ -94,53 +89,5 @@ def test_the_shipped_task_has_at_least_a_hundred_four_choice_items():
     assert all(len(row["choices"]) == 4 and 0 <= row["answer"] < 4 for row in rows)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(20 * 60)
-def test_the_served_demo_model_is_as_accurate_as_its_reference_and_the_gate_decides(vllm_python, demo_checkpoint,
-                                                                                     tmp_path):
-    """vLLM's CPU build serves the demo model (bfloat16); lm-eval scores the shipped tasks through its completions
-    API (and the chat task through its chat API) and on the float32 transformers reference. One engine start."""
-    from workers.engine.serving.launchers import VllmLauncher
-    from workers.engine.serving.server import EngineServer, free_port
-
-    port = free_port()
-    launch = VllmLauncher.launch(vllm_python, demo_checkpoint, {"gpu_memory_utilization": 0.1, "kv_cache_space_gib": 1,
-                                                                "max_model_len": 1024, "enforce_eager": True},
-                                 port=port, cpu_build=True)
-    # the engine core in the API server's process: one process start less, nothing else changes
-    with EngineServer(launch.command, env={**launch.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, port=port,
-                      log_path=tmp_path / "engine.log") as server:
-        server.wait_healthy(600)
-        served = evaluate_endpoint(server.base_url, "d0", demo_checkpoint, SHIPPED_TASKS, ACCURACY_TASK)
-        served_text = evaluate_endpoint(server.base_url, "d0", demo_checkpoint, SHIPPED_TASKS, PERPLEXITY_TASK)
-        served_chat = evaluate_endpoint(server.base_url, "d0", demo_checkpoint, SHIPPED_TASKS, CHAT_TASK,
-                                        api="chat-completions")
-    reference = evaluate_reference(demo_checkpoint, SHIPPED_TASKS, ACCURACY_TASK)
-    reference_text = evaluate_reference(demo_checkpoint, SHIPPED_TASKS, PERPLEXITY_TASK)
-    print(json.dumps({"served": {k: v for k, v in served.items() if k != "samples"},
-                      "reference": {k: v for k, v in reference.items() if k != "samples"},
-                      "perplexity": perplexity_change(served_text, reference_text)}))
-
-    assert served["harness"] == "lm-eval 0.4.13 local-completions" and reference["harness"] == "lm-eval 0.4.13 hf"
-    for result in (served, reference):
-        assert result["n"] == len(result["samples"]) >= 100 and result["metric"] == "acc"
-        assert result["correct"] == sum(sample["correct"] for sample in result["samples"])
-        assert result["accuracy"] == pytest.approx(result["correct"] / result["n"], abs=1e-6)
-        assert result["wilson_lower_95"] < result["accuracy"] and 0 < result["stderr"] < 0.1
-        # four choices: chance is 25%
-        assert result["accuracy"] > 0.6
-    first = served["samples"][0]
-    assert first == {"doc_id": 0, "prompt": "Question: What is the opposite of hot?\nAnswer:", "target": "cold",
-                     "chosen": first["chosen"], "correct": first["chosen"] == "cold"}
-    assert served_chat["harness"] == "lm-eval 0.4.13 local-chat-completions" and served_chat["n"] == 27
-    assert served_chat["metric"] == "exact_match" and served_chat["accuracy"] > 0.6
-    assert served_chat["samples"][0]["prompt"] == "What is the capital of France? Answer with one word."
-    # the engine's bfloat16 against the float32 reference: an item or two may flip, no more
-    assert abs(served["accuracy"] - reference["accuracy"]) <= 0.03
-    assert abs(perplexity_change(served_text, reference_text)["relative"]) < 0.05
-
-    decided = gate(served, reference, max_drop_points=10)
-    assert decided["passed"] and decided["reference_source"] == "measured", decided["rule"]
-    # a published score the served model does not reach, and no drop allowed from the measured one
-    assert not gate(served, 0.98, max_drop_points=5)["passed"]
-    assert not gate(served, reference, max_drop_points=0)["passed"]
+# The real run (vLLM's CPU build serving the demo model, lm-eval against it and against the float32 reference, the
+# gate both ways) is tests/test_serving_real_weights.py's, within a serve sweep: one engine start serves both.

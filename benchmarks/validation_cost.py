@@ -4,12 +4,15 @@ against the served endpoint for each numerics, and against the reference once), 
 time and its engine starts.
 
 Measured, on this node: d0's demo model (SmolLM2-135M-Instruct, real weights) served by vLLM's CPU build
-(``.venv-vllm``), one serve sweep per round over ``--dtypes`` (an engine start each, each configuration's workload
-served 3 times within its start, as every sweep does), with the gate on. The figures come from the stage's own
-timings (``quality.entries[].seconds``, ``quality.reference.seconds`` and ``accuracy_seconds``, ``search.seconds``,
-the trials' ``startup_s`` and durations), so they are what a team's report shows.
+(``.venv-vllm``), one serve sweep per round over ``--dtypes`` x ``--variants`` (an engine start each, each
+configuration's workload served 3 times within its start, as every sweep does), with the gate on. Each numerics'
+row (throughput, memory, accuracy, recovery, verdict) is printed too: the quality-against-speed table. The figures
+come from the stage's own timings (``quality.entries[].seconds``, ``quality.reference.seconds`` and
+``accuracy_seconds``, ``search.seconds``, the trials' ``startup_s`` and durations), so they are what a team's report
+shows.
 
-    python benchmarks/validation_cost.py [--rounds 2] [--dtypes bfloat16,float32] [--json out.json]
+    python benchmarks/validation_cost.py [--rounds 2] [--dtypes bfloat16] [--variants as_shipped,w8a8-int8,w4a16]
+        [--json out.json]
 """
 
 import argparse
@@ -29,10 +32,11 @@ ENGINE = {"enforce_eager": True, "max_num_seqs": 4, "block_size": 64}
 WORKLOAD = {"requests": 16, "prompt_len": 64, "output_len": 32, "warmup_requests": 2}
 
 
-def one_round(checkpoint: Path, dtypes: list[str]) -> dict:
+def one_round(checkpoint: Path, dtypes: list[str], variants: list[str]) -> dict:
     config = json.loads((checkpoint / "config.json").read_text())
     result = serve_sweep({"config": config, "weights_path": str(checkpoint), "settings": ENGINE,
-                          "grid": {"dtype": dtypes}, "workload": WORKLOAD, "startup_timeout_s": 900},
+                          "grid": {"dtype": dtypes}, "variants": variants, "workload": WORKLOAD,
+                          "startup_timeout_s": 900},
                          lambda fraction, message: print(f"  {fraction:4.0%} {message}", file=sys.stderr))
     quality = result["quality"]
     reference = quality["reference"]
@@ -48,13 +52,16 @@ def one_round(checkpoint: Path, dtypes: list[str]) -> dict:
             "items": reference["accuracy"].get("n"),
             "accuracy": {entry["label"]: (entry.get("accuracy") or {}).get("accuracy")
                          for entry in quality["entries"]},
-            "reference_accuracy": reference["accuracy"].get("accuracy")}
+            "reference_accuracy": reference["accuracy"].get("accuracy"),
+            "variants_made_s": sum((row.get("variant") or {}).get("seconds") or 0 for row in quality["entries"]),
+            "rows": result["variants"], "recipe": result["recipe"]["settings"]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--dtypes", default="bfloat16,float32")
+    parser.add_argument("--dtypes", default="bfloat16")
+    parser.add_argument("--variants", default="as_shipped,w8a8-int8,w4a16")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if not os.environ.get("D0_ENGINES"):
@@ -64,15 +71,15 @@ def main() -> None:
     rounds = []
     for index in range(args.rounds):
         print(f"round {index + 1} of {args.rounds}", file=sys.stderr)
-        rounds.append(one_round(checkpoint, args.dtypes.split(",")))
+        rounds.append(one_round(checkpoint, args.dtypes.split(","), args.variants.split(",")))
 
     def median(key: str) -> float:
         return statistics.median(r[key] for r in rounds)
 
     validation = median("reference_answers_s") + median("checks_s") + median("served_evaluation_s") \
         + median("reference_evaluation_s")
-    print(f"model: SmolLM2-135M-Instruct (real weights), vLLM CPU build, {len(args.dtypes.split(','))} engine starts "
-          f"per sweep ({args.dtypes}), {WORKLOAD['requests']} requests x 3 runs per configuration, "
+    print(f"model: SmolLM2-135M-Instruct (real weights), vLLM CPU build, {rounds[0]['engine_starts']} engine starts "
+          f"per sweep ({args.dtypes} x {args.variants}), {WORKLOAD['requests']} requests x 3 runs per configuration, "
           f"{rounds[0]['items']} lm-eval items; median of {len(rounds)} rounds")
     for key, label in (("sweep_s", "whole stage"), ("engine_starts_s", "engine starts"),
                        ("serving_s", "serving the workloads"),
@@ -83,7 +90,18 @@ def main() -> None:
         print(f"  {label:48s} {median(key):8.1f} s")
     print(f"  validation (the four rows above)                 {validation:8.1f} s = "
           f"{validation / median('sweep_s'):.0%} of the stage, {validation / median('serving_s'):.1f}x its serving")
-    print(f"  accuracy: reference {rounds[0]['reference_accuracy']}, served {rounds[0]['accuracy']}")
+    print(f"  variants made (quantization, once per node and checkpoint) {median('variants_made_s'):8.1f} s")
+    print(f"reference accuracy {rounds[0]['reference_accuracy']:.3f}; per numerics (round 1), recipe "
+          f"{rounds[0]['recipe']}:")
+    for row in rounds[0]["rows"]:
+        recovery = (row.get("recovery") or {}).get("accuracy_pct")
+        print(f"  {row['label']:32s} {row['output_tokens_per_s'] or 0:7.1f} tok/s  "
+              f"{(row['peak_memory_bytes'] or 0) / 2**20:7.0f} MiB peak  "
+              f"{(row['disk_bytes'] or 0) / 2**20:5.0f} MiB disk  "
+              f"acc {row['accuracy'] if row['accuracy'] is not None else float('nan'):.3f}  "
+              f"recovery {recovery if recovery is not None else float('nan'):5.1f}%  "
+              f"ppl {row['word_perplexity'] or float('nan'):6.2f}  top-1 {row['top1_agreement'] or 0:.3f}  "
+              f"{row['verdict']}")
     if args.json:
         args.json.write_text(json.dumps(rounds, indent=2))
 

@@ -80,6 +80,10 @@ def test_make_run_then_the_demo_model_adapted_from_the_browser_ends_validated_on
         page.goto(f"{base}/engines/{final[0]['id']}/")
         report = page.locator("main").inner_text()
         assert "accuracy gate" in report.lower() and chosen in report, report[:3000]
+        # The quality-against-speed chart draws a point per variant served.
+        chart = page.locator(f"#engine-quality-{final[0]['id']}-quality-against-speed")
+        chart.locator(".main-svg").first.wait_for(timeout=20_000)
+        assert chart.locator(".scatterlayer .point").count() >= 3
     except BaseException:
         print(processes.log("up"))
         raise

@@ -87,3 +87,15 @@ def test_the_gate_fails_a_numerics_whose_accuracy_falls_below_the_reference_by_m
     check.accuracy["published"] = {"accuracy": 0.99, "source": "model card"}
     entry = check.finish()["entries"][0]
     assert entry["gate"]["reference_source"] == "published" and entry["verdict"] == "failed-accuracy"
+
+
+def test_a_reference_that_cannot_be_computed_fails_with_the_folder_and_the_cause(tmp_path):
+    import pytest
+
+    from workers.engine.serving.client import Endpoint
+    from workers.engine.serving.quality import ReferenceUnavailable
+
+    (tmp_path / "config.json").write_text("{}")
+    check = QualityCheck(tmp_path, tokens=4, variants={}, accuracy=None, progress=lambda message: None)
+    with pytest.raises(ReferenceUnavailable, match=f"could not be computed from {tmp_path}: "):
+        check.check(Endpoint("http://127.0.0.1:9", "d0"), {"dtype": "float32"}, tmp_path)

@@ -41,6 +41,10 @@ def numerics_label(numerics: dict) -> str:
     return ", ".join([variant, *rest])
 
 
+class ReferenceUnavailable(RuntimeError):
+    """The reference could not be computed on this node (the stage fails with why: nothing can be validated)."""
+
+
 class QualityCheck:
     """One sweep's checks: the reference (computed at the first engine start), an entry per numerics served."""
 
@@ -62,7 +66,12 @@ class QualityCheck:
         if self.reference is None:
             self.progress("computing the reference: transformers in float32 on the release's checkpoint")
             started = time.perf_counter()
-            self.reference = Reference(self.reference_checkpoint, self.tokens)
+            try:
+                self.reference = Reference(self.reference_checkpoint, self.tokens)
+            except Exception as error:  # transformers raises what the checkpoint's files make it raise
+                raise ReferenceUnavailable(f"the float32 reference could not be computed from "
+                                           f"{self.reference_checkpoint}: {type(error).__name__}: {error}"[:800]) \
+                    from None
             self.reference_seconds = time.perf_counter() - started
         folder = str(served_checkpoint)
         if folder not in self._weights:

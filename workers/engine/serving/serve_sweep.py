@@ -36,7 +36,8 @@ from ..models.demo import check_demo_config, make_demo_checkpoint
 from .checkpoint import vocab_size, write_validation_checkpoint
 from .client import Endpoint, run_requests
 from .correctness import check_correctness
-from .quality import AS_SHIPPED, QualityCheck, accuracy_settings, numerics_of, variant_summary, variant_weights
+from .quality import (AS_SHIPPED, QualityCheck, ReferenceUnavailable, accuracy_settings, numerics_of, variant_summary,
+                      variant_weights)
 from .deployment import DeployedServer, DeploymentFailed, Follower, Leader, Rendezvous, spans_nodes
 from .engines import configured_engines
 from .goodput import goodput_trial
@@ -612,7 +613,10 @@ def _lead(session: Session, params: dict, workload: Workload, weights: dict, pro
         if params["variants"] != [AS_SHIPPED]:
             groups = [({**settings, "variant": name}, clients) for name in params["variants"]
                       if name in session.variants for settings, clients in groups]
-    trials, search = run_search(session, groups, workload, params, step)
+    try:
+        trials, search = run_search(session, groups, workload, params, step)
+    except ReferenceUnavailable as error:
+        raise ServeSweepFailed(str(error)) from None
     quality = None
     if session.quality is not None:
         progress(0.86, "judging each configuration's answers and accuracy against the reference")

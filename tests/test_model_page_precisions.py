@@ -17,3 +17,22 @@ def test_the_model_page_shows_the_format_as_shipped_and_the_state_dtypes(member,
     assert "not converted: model.layers.*.self_attn" in pages["gpt-oss-20b"]
     assert "state: 912,605,184 bytes per sequence (" in pages["nemotron-h-56b-base-8k"]
     assert "mamba ssm in fp32: vLLM&#x27;s default for Nemotron-H" in pages["nemotron-h-56b-base-8k"]
+
+
+def test_does_it_fit_starts_at_the_precision_the_release_ships_in(member, team, owner, cluster, node):
+    from django.test import Client
+
+    from adaptation.intake import services as intake
+
+    client = Client()
+    client.force_login(member)
+    deepseek = intake.add_from_catalog(team=team, user=owner, slug="deepseek-v3")[0]
+    page = client.get(f"/models/{deepseek.pk}/").content.decode()
+    # The what-if form's precision is preselected as shipped (FP8 blocks), and the cluster's plan is made at it.
+    assert '<option value="as_shipped" selected>as_shipped</option>' in page
+    assert f"{cluster.name}</a> (as shipped (fp8))</h3>" in page
+    # A submitted form keeps what was asked.
+    asked = client.get(f"/models/{deepseek.pk}/", {"devices_per_node": 8, "device_memory_gb": 141, "nodes": 2,
+                                                   "device_name": "H200", "precision": "bf16", "concurrency": 32,
+                                                   "context_tokens": 8192}).content.decode()
+    assert '<option value="bf16" selected>bf16</option>' in asked

@@ -75,7 +75,8 @@ def model_catalog_add(request, slug):
 def model_detail(request, pk):
     spec = get_object_or_404(ModelSpec.objects.for_user(request.user).select_related("team", "created_by"), pk=pk)
     services.analysed(spec)
-    form = PlanForm(request.POST or request.GET or None)
+    precision, precision_label = services.starting_precision(spec)
+    form = PlanForm(request.POST or request.GET or None, initial={"precision": precision})
     what_if = None
     if form.is_bound and form.is_valid():
         try:
@@ -96,7 +97,7 @@ def model_detail(request, pk):
         devices = services.cluster_devices(cluster)
         if devices:
             try:
-                cluster_plans.append((cluster, services.plan(spec, devices, "bf16")))
+                cluster_plans.append((cluster, services.plan(spec, devices, precision)))
             except ValidationError as error:
                 cluster_plans.append((cluster, {"fits": False, "reason": "; ".join(error.messages)}))
     return render(request, "adaptation/intake/model_detail.html", {
@@ -104,6 +105,7 @@ def model_detail(request, pk):
         "jobs": job_table_rows(jobs.job_rows(request.user).filter(model=spec))[:10],
         "form": form, "what_if": what_if, "cluster_plans": cluster_plans,
         "kept_plans": spec.plans.select_related("created_by")[:10], "clusters": clusters,
+        "precision_label": precision_label,
     })
 
 

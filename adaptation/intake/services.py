@@ -87,6 +87,15 @@ def add_from_catalog(*, team, user, slug: str) -> tuple[ModelSpec, bool]:
 
 # --- plans ----------------------------------------------------------------------------------------------
 
+def starting_precision(spec: ModelSpec) -> tuple[str, str]:
+    """The precision "Does it fit?" starts at, and how to say it: the release's own where the analysis knows how it
+    ships (an FP8 release planned in bf16 would need twice the memory it does), else bf16."""
+    shipped = ((spec.analysis or {}).get("weights_memory") or {}).get("as_shipped") or {}
+    if shipped.get("format"):
+        return "as_shipped", f"as shipped ({shipped['format']})"
+    return "bf16", "bf16"
+
+
 # "as_shipped": each tensor as the release stores it (its quantization_config: MXFP4 experts, FP8 blocks...).
 PLAN_PRECISIONS = ("as_shipped", "bf16", "fp16", "fp8", "int8", "int4", "mxfp4")
 

@@ -122,6 +122,28 @@ def test_the_job_page_lists_pending_stages_and_says_when_the_connection_is_lost(
     banner.wait_for(state="hidden", timeout=15_000)
 
 
+def test_a_stages_time_is_rounded_once_so_ten_minutes_never_read_nine_min_sixty(live_server, cluster, member,
+                                                                               model_spec, node, page):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from adaptation.models import StageRun
+
+    job = AdaptationJob.objects.create(team=cluster.team, cluster=cluster, model=model_spec, submitted_by=member,
+                                       stages=["env_check", "sweep"])
+    finished = timezone.now()
+    for kind, seconds in (("env_check", 599.6), ("sweep", 59.97)):
+        StageRun.objects.create(job=job, kind=kind, node=node, node_name=node.hostname, status="succeeded",
+                                started=finished - timedelta(seconds=seconds), finished=finished)
+    log_in(page, live_server)
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    rows = page.locator("#stage-rows tr")
+    rows.filter(has_text="10 min 0 s").wait_for(timeout=15_000)
+    text = page.locator("#stage-rows").inner_text()
+    assert "9 min 60 s" not in text and "60.0 s" not in text and "1 min 0 s" in text, text
+
+
 def test_the_job_form_shows_each_chosen_stages_parameters_and_rejects_a_bad_value_with_its_range(
         live_server, cluster, member, model_spec, page):
     log_in(page, live_server)

@@ -16,9 +16,11 @@
 
   function elapsed(seconds) {
     if (seconds === null || seconds === undefined) { return "—"; }
-    if (seconds < 60) { return seconds.toFixed(1) + " s"; }
-    var minutes = Math.floor(seconds / 60);
-    return minutes + " min " + Math.round(seconds - 60 * minutes) + " s";
+    // Rounded once, before it is split: 599.6 s is "10 min 0 s", never "9 min 60 s" (nor 59.96 s "60.0 s").
+    if (seconds < 59.95) { return seconds.toFixed(1) + " s"; }
+    var whole = Math.round(seconds);
+    var minutes = Math.floor(whole / 60);
+    return minutes + " min " + (whole - 60 * minutes) + " s";
   }
 
   function cell(row, text) {

@@ -36,3 +36,22 @@ def test_does_it_fit_starts_at_the_precision_the_release_ships_in(member, team, 
                                                    "device_name": "H200", "precision": "bf16", "concurrency": 32,
                                                    "context_tokens": 8192}).content.decode()
     assert '<option value="bf16" selected>bf16</option>' in asked
+
+
+def test_the_mechanisms_read_as_text_with_the_json_behind_a_toggle(member, team, owner):
+    import re
+
+    from django.test import Client
+
+    from adaptation.intake import services as intake
+
+    client = Client()
+    client.force_login(member)
+    spec = intake.add_from_catalog(team=team, user=owner, slug="deepseek-v3")[0]
+    page = client.get(f"/models/{spec.pk}/").content.decode()
+    shown = re.search(r'<dl class="facts" id="mechanisms">(.*?)</dl>', page, re.S).group(1)
+    assert "<dt>attention</dt><dd>" in shown and "kind: mla" in shown and "heads: 128" in shown
+    assert "mla: " in shown and "kv lora rank 512" in shown and "q lora rank 1536" in shown
+    assert "experts: 256" in shown and "experts per token: 8" in shown
+    assert "{" not in shown and "null" not in shown  # no raw JSON, nothing unset
+    assert 'id="mechanisms-json"' in page

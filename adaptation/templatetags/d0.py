@@ -96,3 +96,38 @@ def percent(fraction, digits=1) -> str:
     if isinstance(fraction, bool) or not isinstance(fraction, int | float):
         return "—"
     return f"{100 * fraction:.{int(digits)}f}%"
+
+
+def _phrase(value) -> str | None:
+    """One mechanism's value as words: a nested object as "key value" pairs, a list joined, nothing for what is
+    unset (None, false, empty)."""
+    if value is None or value is False or value in ("", [], {}):
+        return None
+    if value is True:
+        return "yes"
+    if isinstance(value, dict):
+        parts = [f"{humanize_key(key)} {said}" for key, item in value.items() if (said := _phrase(item))]
+        return ", ".join(parts) or None
+    if isinstance(value, list):
+        return ", ".join(said for item in value if (said := _phrase(item))) or None
+    if isinstance(value, float):
+        # Positional, never 1e-06: the page writes numbers as people read them.
+        return f"{value:.12f}".rstrip("0").rstrip(".")
+    return str(value)
+
+
+@register.filter
+def mechanism_lines(mechanisms) -> list[tuple[str, list[str]]]:
+    """The analysis's mechanisms as text for the model page: per section (attention, moe, norm...) its set fields
+    as "name: value" lines, unset ones left out; scalar mechanisms gathered under "model"."""
+    if not isinstance(mechanisms, dict):
+        return []
+    sections, model = [], []
+    for key, value in mechanisms.items():
+        if isinstance(value, dict):
+            lines = [f"{humanize_key(name)}: {said}" for name, item in value.items() if (said := _phrase(item))]
+            if lines:
+                sections.append((humanize_key(key), lines))
+        elif (said := _phrase(value)) is not None:
+            model.append(f"{humanize_key(key)}: {said}")
+    return ([("model", model)] if model else []) + sections

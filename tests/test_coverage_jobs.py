@@ -135,6 +135,24 @@ def test_the_api_serves_reports_library_diff_and_virtual_backends(moe_model, den
     assert outsider_api.get(f"/api/virtual-backends/{created.json()['id']}/").status_code == 404
 
 
+def test_a_list_that_holds_no_aten_operator_names_is_refused_naming_what_it_holds(member, member_api, cluster):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    client = Client()
+    client.force_login(member)
+    junk = SimpleUploadedFile("notes.csv", b"Quarterly plan\nship it by Friday!\naten::mm\n", content_type="text/csv")
+    page = client.post("/coverage/", {"team": cluster.team.pk, "name": "junk", "operator_file": junk})
+    assert page.status_code == 200 and not VirtualBackend.objects.filter(name="junk").exists()
+    assert "2 of 3 entries are not operator names in ATen&#x27;s form" in page.content.decode()
+    refused = member_api.post("/api/virtual-backends/", {"name": "npu-y", "operators": ["aten::mm", "hello world"]},
+                              format="json")
+    assert refused.status_code == 400 and "hello world" in str(refused.json()["operators"])
+    # Bare names and overloads are ATen's form: they are kept, a bare name in the aten namespace.
+    kept = member_api.post("/api/virtual-backends/", {"name": "npu-z", "operators": ["mm", "aten::add.Tensor"]},
+                           format="json")
+    assert kept.status_code == 201 and kept.json()["operators"] == ["aten::mm", "aten::add.Tensor"]
+
+
 def test_a_virtual_backend_is_uploaded_as_a_csv_and_sent_to_the_node(member, cluster, node, owner, broker,
                                                                       django_capture_on_commit_callbacks):
     from django.core.files.uploadedfile import SimpleUploadedFile

@@ -1,6 +1,8 @@
 """Coverage reports, the operator library, virtual backends and the diff of two models: ``/api/coverage-reports/``,
 ``/api/operators/``, ``/api/virtual-backends/``, ``/api/coverage-diff/``."""
 
+import json
+
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers
 from rest_framework.exceptions import ValidationError
@@ -47,6 +49,15 @@ class VirtualBackendSerializer(ValidatedModelSerializer):
         model = VirtualBackend
         fields = ["id", "team", "name", "description", "operators", "created"]
         validators = []
+
+    def validate_operators(self, value: list[str]) -> list[str]:
+        """The names in ATen's form, as an uploaded list's (a 400 quoting the first that are not)."""
+        from workers.engine.coverage.virtual_backend import parse_operator_list
+
+        try:
+            return parse_operator_list(json.dumps(value), json_format=True)
+        except ValueError as error:
+            raise serializers.ValidationError(str(error)) from None
 
 
 class CoverageReportViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):

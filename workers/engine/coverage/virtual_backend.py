@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,9 +46,24 @@ def dispatch_key(device: torch.device) -> str:
     raise ValueError(f"no dispatch key known for device type {device.type!r}")
 
 
+# An operator as ATen's schema names it: ``namespace::name`` and an optional ``.overload``, each an identifier.
+OPERATOR_NAME = re.compile(r"[A-Za-z_]\w*::[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?")
+
+
 def normalise_operator(name: str) -> str:
     name = name.strip()
     return name if "::" in name else f"aten::{name}"
+
+
+def _checked(names: list[str]) -> list[str]:
+    """The names in ATen's schema form, or a ValueError quoting the first that are not (a file of anything else,
+    a spreadsheet's notes or a log, is not an operator list, and would judge coverage against nothing)."""
+    bad = [name for name in names if not OPERATOR_NAME.fullmatch(name)]
+    if bad:
+        shown = ", ".join(repr(name[:60]) for name in bad[:5])
+        raise ValueError(f"{len(bad)} of {len(names)} entries are not operator names in ATen's form "
+                         f"(aten::mm, aten::add.Tensor, or a bare mm): {shown}")
+    return names
 
 
 def split_operator(name: str) -> tuple[str, str | None]:
@@ -113,7 +129,7 @@ def parse_operator_list(text: str, *, json_format: bool | None = None) -> list[s
             data = data["operators"] if isinstance(data.get("operators"), list) else list(data)
         if not isinstance(data, list) or not all(isinstance(item, str) for item in data):
             raise ValueError("a JSON operator list must be a list of names or an object keyed by names")
-        return [normalise_operator(item) for item in data if item.strip()]
+        return _checked([normalise_operator(item) for item in data if item.strip()])
     lines = [line.split("#", 1)[0] for line in text.splitlines()]
     rows = [[cell.strip() for cell in row] for row in csv.reader(lines) if any(cell.strip() for cell in row)]
     if not rows:
@@ -124,7 +140,7 @@ def parse_operator_list(text: str, *, json_format: bool | None = None) -> list[s
         cells = [row[column] for row in rows[1:] if len(row) > column]
     else:
         cells = [cell for row in rows for cell in row]
-    return [normalise_operator(cell) for cell in cells if cell]
+    return _checked([normalise_operator(cell) for cell in cells if cell])
 
 
 def load_operator_list(path: str | Path) -> list[str]:

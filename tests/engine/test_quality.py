@@ -27,7 +27,7 @@ def _check(entries: dict, reference_correct: int = 875) -> QualityCheck:
     check = QualityCheck("/nonexistent", tokens=16, variants=VARIANTS,
                          accuracy={"task": "d0_basic_facts", "task_dir": "/x", "max_drop_points": 10.0,
                                    "published": None}, progress=lambda message: None)
-    check._reference_accuracy = lambda: {**_accuracy(reference_correct), "source": "measured"}
+    check._measured_reference = lambda: _accuracy(reference_correct)
     for name, (correctness, correct, perplexity) in entries.items():
         numerics = {"variant": name, "dtype": "bfloat16"}
         check.entries[numerics_key(numerics)] = {

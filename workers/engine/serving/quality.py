@@ -20,9 +20,9 @@ from pathlib import Path
 
 from .client import Endpoint
 from .reference_check import Reference, check_engine, weights_versus_reference
+from .variants import AS_SHIPPED
 
 NUMERICS = ("variant", "dtype", "quantization", "kv_cache_dtype")
-AS_SHIPPED = "as_shipped"
 # A failed check's trial status, by the check.
 FAILED = {"correctness": "failed-correctness", "accuracy": "failed-accuracy", "recovery": "under-recovery"}
 
@@ -124,9 +124,9 @@ class QualityCheck:
                 elif reference_accuracy and not reference_accuracy.get("error"):
                     from .accuracy import gate
 
-                    score = self.accuracy.get("published") or reference_accuracy
-                    entry["gate"] = gate(served, score["accuracy"] if self.accuracy.get("published") else score,
-                                         self.accuracy["max_drop_points"])
+                    held_to = (reference_accuracy["accuracy"] if reference_accuracy["source"] == "published"
+                               else reference_accuracy)
+                    entry["gate"] = gate(served, held_to, self.accuracy["max_drop_points"])
                     if not entry["gate"]["passed"]:
                         reasons.append(("accuracy", entry["gate"]["rule"]))
             if entry["numerics"].get("variant", AS_SHIPPED) != AS_SHIPPED:
@@ -144,6 +144,10 @@ class QualityCheck:
     def _reference_accuracy(self) -> dict:
         if self.accuracy.get("published"):
             return {**self.accuracy["published"], "source": "published"}
+        return {**self._measured_reference(), "source": "measured"}
+
+    def _measured_reference(self) -> dict:
+        """lm-eval on the reference (transformers, float32): the accuracy task, and the perplexity text."""
         from .accuracy import evaluate_reference
 
         self.progress(f"evaluating the reference on {self.accuracy['task']} (lm-eval, transformers float32)")
@@ -152,7 +156,7 @@ class QualityCheck:
         if self.accuracy.get("perplexity_task") and not measured.get("error"):
             measured["perplexity"] = _guarded(lambda: evaluate_reference(
                 self.reference_checkpoint, Path(self.accuracy["task_dir"]), self.accuracy["perplexity_task"]))
-        return {**measured, "source": "measured"}
+        return measured
 
     def _unquantized(self) -> dict | None:
         """The entry quantized variants are held against: the checkpoint as shipped, at its best-checked dtype."""

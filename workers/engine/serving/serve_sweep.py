@@ -15,7 +15,6 @@ checked against the config before any engine starts (``tensors``), or a validati
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import math
@@ -36,8 +35,9 @@ from ..models.demo import check_demo_config, make_demo_checkpoint
 from .checkpoint import vocab_size, write_validation_checkpoint
 from .client import Endpoint, run_requests
 from .correctness import check_correctness
-from .quality import (AS_SHIPPED, QualityCheck, ReferenceUnavailable, accuracy_settings, numerics_of, variant_summary,
+from .quality import (QualityCheck, ReferenceUnavailable, accuracy_settings, numerics_of, variant_summary,
                       variant_weights)
+from .variants import AS_SHIPPED
 from .deployment import DeployedServer, DeploymentFailed, Follower, Leader, Rendezvous, spans_nodes
 from .engines import configured_engines
 from .goodput import goodput_trial
@@ -213,8 +213,9 @@ class Session:
     def server(self, settings: dict) -> tuple[EngineServer, object]:
         self.starts += 1
         port, filled = free_port(), self.settings(settings)
-        checkpoint = self.served_checkpoint(filled)
-        filled = {**(self.variants.get(filled.get("variant", AS_SHIPPED)) or {}).get("settings", {}), **filled}
+        variant = self.variants.get(filled.get("variant", AS_SHIPPED)) or {}
+        checkpoint = Path(variant["path"]) if variant else self.checkpoint
+        filled = {**variant.get("settings", {}), **filled}
         log_path = self.logs / f"engine-{self.starts}.log"
         cpu_build = bool(self.described.get("cpu_build"))
         if self.leader is not None and spans_nodes(filled):
@@ -294,8 +295,8 @@ def run_trials(session: Session, settings: dict, clients: list[dict], workload: 
                 goodput=Goodput.from_dict(served.get("goodput"))).as_dict())
         if session.quality is not None and trials:
             # While this start is up: its numerics against the release (once per numerics over the sweep).
-            session.quality.check(Endpoint(server.base_url, "d0"), session.settings(settings),
-                                  session.served_checkpoint(session.settings(settings)))
+            session.quality.check(Endpoint(server.base_url, "d0"), shown["settings"],
+                                  session.served_checkpoint(shown["settings"]))
             if not server.alive():
                 raise server.failure("exited", "the engine exited while its answers were checked")
     except EngineFailed as error:
@@ -546,24 +547,10 @@ def _weights(params: dict, work: Path) -> tuple[Path, dict, dict]:
     return checkpoint, weights, tensors
 
 
-VARIANT_MARKER = "d0-variant.json"
-
-
-def variants_folder(checkpoint: Path, name: str) -> Path:
-    """Where this node keeps the variant ``name`` of ``checkpoint``: under its state folder, named by the
-    checkpoint's path and its weight files' sizes and times, so a changed checkpoint gets new variants."""
-    checkpoint = Path(checkpoint).resolve()
-    files = sorted((item.name, item.stat().st_size, item.stat().st_mtime_ns)
-                   for item in checkpoint.glob("*.safetensors"))
-    stamp = hashlib.sha256(json.dumps([str(checkpoint), files]).encode()).hexdigest()[:16]
-    base = Path(os.environ.get("D0_VAR_DIR") or Path.home() / ".cache" / "d0")
-    return base / "variants" / f"{checkpoint.name}-{stamp}" / name
-
-
 def prepare_variants(params: dict, session: Session, progress) -> dict[str, dict]:
     """The quantized variants the sweep serves beside the checkpoint as shipped, made on this node by the engine's
     own environment (``variants``) into the node's cache, where a later sweep (and the recipe) finds them again."""
-    from .variants import VariantFailed, missing_cpu_flags, prepare_variant
+    from .variants import VariantFailed, cached_variant, missing_cpu_flags
 
     made = {}
     for index, name in enumerate(params["variants"]):
@@ -573,20 +560,11 @@ def prepare_variants(params: dict, session: Session, progress) -> dict[str, dict
             session.skipped_variants[name] = (f"vLLM's CPU build serves {name} only on a CPU with "
                                               f"{', '.join(missing)}, which this node's lacks")
             continue
-        out = variants_folder(session.checkpoint, name)
-        try:
-            made[name] = json.loads((out / VARIANT_MARKER).read_text())
-            continue
-        except (OSError, ValueError):
-            pass
         progress(0.02 + 0.03 * index / len(params["variants"]), f"preparing the variant {name}")
         try:
-            made[name] = prepare_variant(name, checkpoint=session.checkpoint, engine_python=session.engine.python,
-                                         out=out)
+            made[name] = cached_variant(name, checkpoint=session.checkpoint, engine_python=session.engine.python)
         except VariantFailed as error:
             raise ServeSweepFailed(f"the variant {name} could not be made: {error}") from None
-        if Path(made[name]["path"]) == out:
-            (out / VARIANT_MARKER).write_text(json.dumps(made[name]))
     return made
 
 

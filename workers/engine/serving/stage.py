@@ -14,8 +14,7 @@ from .endpoint_guard import EndpointPolicy
 from .engines import KNOWN
 from .accuracy import DEFAULT_MAX_DROP_POINTS, check_published
 from .launchers import SETTINGS
-from .quality import AS_SHIPPED
-from .variants import VARIANT_HELP, VARIANTS, check_variants
+from .variants import AS_SHIPPED, VARIANT_HELP, VARIANTS, check_variants
 from .serve_sweep import DEFAULT_GRID, MAX_CONFIGURATIONS, check_grid, check_sweep_settings, run_serve_sweep
 
 PARAMETERS = (

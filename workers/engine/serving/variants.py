@@ -17,7 +17,9 @@ kernel (``cpu_gemm_wna16``) exists only in its AVX-512 libraries, so ``w4a16`` n
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -33,8 +35,9 @@ STDERR_LINES = 20
 # name -> what it is. ``scheme``: the compressed-tensors preset quantize_checkpoint.py applies (None: the checkpoint
 # itself); ``calibrated``: whether GPTQ fits its weights on the calibration text; ``cpu_flags``: the x86 flags
 # vLLM's CPU build needs to serve it (from /proc/cpuinfo); ``threshold``: the recovery a trial must reach.
+AS_SHIPPED = "as_shipped"
 VARIANTS = {
-    "as_shipped": {"bits": None, "method": "as shipped", "scheme": None, "calibrated": False, "cpu_flags": (),
+    AS_SHIPPED: {"bits": None, "method": "as shipped", "scheme": None, "calibrated": False, "cpu_flags": (),
                    "threshold": None, "help": "the checkpoint as shipped (bf16/fp32): the reference"},
     "w8a8-int8": {"bits": 8, "method": "INT8 W8A8, round to nearest: weights per channel, activations per token at "
                   "run time", "scheme": "W8A8", "calibrated": False, "cpu_flags": (), "threshold": 0.99,
@@ -130,6 +133,34 @@ def prepare_variant(name: str, *, checkpoint: Path, engine_python: str, out: Pat
         raise VariantFailed(f"making {name} printed no result; its last lines:\n{_stderr_tail(done.stderr)}") from None
     return {**described, "path": made["path"], "made_by": made["made_by"],
             "seconds": round(time.perf_counter() - started, 2), "disk_bytes": made["disk_bytes"]}
+
+
+MARKER = "d0-variant.json"
+
+
+def variants_folder(checkpoint: Path, name: str) -> Path:
+    """Where this node keeps the variant ``name`` of ``checkpoint``: under its state folder, named by the
+    checkpoint's path and its weight files' sizes and times, so a changed checkpoint gets new variants."""
+    checkpoint = Path(checkpoint).resolve()
+    files = sorted((item.name, item.stat().st_size, item.stat().st_mtime_ns)
+                   for item in checkpoint.glob("*.safetensors"))
+    stamp = hashlib.sha256(json.dumps([str(checkpoint), files]).encode()).hexdigest()[:16]
+    base = Path(os.environ.get("D0_VAR_DIR") or Path.home() / ".cache" / "d0")
+    return base / "variants" / f"{checkpoint.name}-{stamp}" / name
+
+
+def cached_variant(name: str, *, checkpoint: Path, engine_python: str) -> dict:
+    """``prepare_variant`` into the node's cache (``variants_folder``), or what it made there before: a later
+    sweep, and the recipe naming the folder, find the same variant again without quantizing twice."""
+    out = variants_folder(checkpoint, name)
+    try:
+        return json.loads((out / MARKER).read_text())
+    except (OSError, ValueError):
+        pass
+    made = prepare_variant(name, checkpoint=checkpoint, engine_python=engine_python, out=out)
+    if Path(made["path"]) == out:  # the checkpoint as shipped is served from where it is: nothing to keep
+        (out / MARKER).write_text(json.dumps(made))
+    return made
 
 
 # The stage parameter's help: each variant's name and what it is.

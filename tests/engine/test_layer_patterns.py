@@ -16,7 +16,7 @@ from workers.engine.analysis.estimate import estimate_records
 from workers.engine.analysis.report import analyze, kv_cache_model
 from workers.engine.models.config_loading import ConfigView
 from workers.engine.models.layers import (RECURRENT_MIXERS, SOFTMAX_MIXERS, find_pattern_keys, layer_layout,
-                                          remap_layer_keys)
+                                          one_layer_per_kind, remap_layer_keys)
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "adaptation" / "intake" / "catalog" / "configs"
@@ -144,6 +144,17 @@ def test_index_lists_are_renumbered_in_their_own_base_when_layers_are_cut():
     assert hunyuan["num_hidden_layers"] == 3 and hunyuan["moe_topk"] == [8, 8, 8]
     assert hunyuan["num_shared_expert"] == [1, 1, 1]
     assert KIMI_LINEAR["linear_attn_config"]["full_attn_layers"][-1] == 27  # the original is untouched
+
+
+def test_one_layer_of_every_kind_is_what_a_reduced_copy_keeps():
+    # Kimi-Linear: KDA + dense (layer 0), KDA + MoE (1), MLA + MoE (3); cut to those, it reads as the same kinds.
+    layout = layout_of(KIMI_LINEAR)
+    assert one_layer_per_kind(layout) == [0, 1, 3]
+    reduced, _ = remap_layer_keys(KIMI_LINEAR, one_layer_per_kind(layout))
+    assert set(layout_of(reduced).layers) == set(layout.layers)
+    # Hunyuan with a layer whose per-layer lists differ keeps that layer too.
+    raw = {**BASE, "num_experts": [8, 8, 8, 8], "moe_topk": [2, 2, 4, 2], "num_shared_expert": [1, 1, 1, 1]}
+    assert one_layer_per_kind(layout_of(raw)) == [0, 2]
 
 
 def test_pattern_keys_are_found_at_any_depth_with_their_form():

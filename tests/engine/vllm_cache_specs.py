@@ -9,7 +9,7 @@ tensor parallel 1, vLLM's default cache dtypes ("auto"), no speculative decoding
   class for the architecture, not from d0;
 - bytes per token per attention layer are the ``real_page_size_bytes`` of a one-token page of
   ``FullAttentionSpec`` / ``MLAAttentionSpec`` (``vllm/v1/kv_cache_interface.py``), with the head size vLLM's
-  attention layer of that architecture uses;
+  attention layer of that architecture uses (MLA: the formula of ``MLAAttention.__init__``, checked in its source);
 - the recurrent state per sequence is the model class's ``get_mamba_state_shape_from_config`` /
   ``get_mamba_state_dtype_from_config`` with a VllmConfig stand-in that carries the fields those classmethods read
   (model dtype, cache dtypes, TP size, no speculative tokens), summed as ``MambaSpec.real_page_size_bytes`` does,
@@ -57,6 +57,19 @@ def attention_bytes(heads: int, head_size: int, mla: bool = False) -> int:
     return spec.real_page_size_bytes
 
 
+def mla_head_size(kv_lora_rank: int, qk_rope_head_dim: int) -> int:
+    """The cache head size vLLM's MLAAttention gives itself, read from its source as written (building the layer
+    needs a device and a full engine config)."""
+    import inspect
+
+    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+
+    formula = "self.head_size = kv_lora_rank + qk_rope_head_dim"
+    if formula not in inspect.getsource(MLAAttention.__init__):
+        raise SystemExit(f"vLLM's MLAAttention no longer says {formula!r}: update this probe")
+    return kv_lora_rank + qk_rope_head_dim
+
+
 def kimi_linear(raw: dict) -> dict:
     from vllm.models.kimi_k3.nvidia.model import KimiLinearForCausalLM
     from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
@@ -67,7 +80,7 @@ def kimi_linear(raw: dict) -> dict:
     settings = vllm_config(config)
     per_layer = state_bytes(KimiLinearForCausalLM.get_mamba_state_shape_from_config(settings),
                             KimiLinearForCausalLM.get_mamba_state_dtype_from_config(settings))
-    token = attention_bytes(1, config.kv_lora_rank + config.qk_rope_head_dim, mla=True)
+    token = attention_bytes(1, mla_head_size(config.kv_lora_rank, config.qk_rope_head_dim), mla=True)
     return {"attention_layers": attention, "recurrent_layers": kda, "kv_bytes_per_token": token * len(attention),
             "state_bytes_per_sequence": per_layer * len(kda),
             "how": "KimiLinearConfig.is_kda_layer; MLAAttentionSpec; KimiLinearForCausalLM classmethods"}

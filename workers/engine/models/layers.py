@@ -617,6 +617,16 @@ def layer_layout(view: ConfigView, hf_layer_types: list | None = None) -> Layout
 # ---- for the reducer: a config with fewer layers ------------------------------------------------------------------
 
 
+def one_layer_per_kind(layout: Layout) -> list[int]:
+    """The first layer of every distinct kind (mixer, window, FFN, sparse indexer, MLP shape), ascending: the layers a
+    reduced copy must keep to exercise every kind the release has (with ``remap_layer_keys``)."""
+    first: dict = {}
+    for index, kind in enumerate(layout.layers):
+        mlp = layout.mlps[index] if layout.mlps else None
+        first.setdefault((kind, mlp), index)
+    return sorted(first.values())
+
+
 def remap_layer_keys(config: dict, kept: list[int]) -> tuple[dict, list[str]]:
     """``config`` cut to the layers ``kept`` (indices of the full model, ascending): every per-layer list and string
     keeps those layers' entries and every index list, at any depth, is renumbered to the reduced depth in its own

@@ -110,6 +110,8 @@ def test_a_sparse_attention_layer_type_marks_those_layers_indexed():
     layout = layout_of(raw)
     assert [kind.attention for kind in layout.layers] == ["linear_attention", "sparse mla"] * 2
     # DeepSeek-V3.2 declares its indexer once: every MLA layer is sparse, with vLLM's 132-byte indexer key.
+    assert {kind.attention for kind in layout_of(config("deepseek-v3.2")).layers} == {"sparse mla"}
+    assert {kind.attention for kind in layout_of(config("deepseek-v3")).layers} == {"mla"}
     v32 = kv_cache_model(config("deepseek-v3.2"))
     assert {layer.own_dtype_bytes_per_token for layer in v32.layers} == {128 + 4}
 

@@ -31,6 +31,9 @@ def _attention(view: ConfigView, layout: Layout, qk_norm: bool | None) -> dict:
         pattern = "hybrid mamba/attention"
     elif mixers & {"linear_attention", "kda", "gated_delta_net"}:
         pattern = "hybrid linear/softmax attention"
+    elif any(kind.sparse for kind in layout.layers):
+        # DeepSeek Sparse Attention: each query attends to the index_topk keys its lightning indexer picks.
+        pattern = "sparse (indexed)"
     elif windows == {"sliding"}:
         pattern = "sliding window"
     elif "sliding" in windows:

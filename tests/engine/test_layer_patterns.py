@@ -181,6 +181,13 @@ def test_hunyuan_a13b_counts_its_per_layer_shared_expert():
     assert report["components"]["shared_experts"] == 32 * 3 * 4096 * 3072
 
 
+def test_cross_layer_attention_caches_one_layer_in_each_share_group():
+    hunyuan = config("hunyuan-a13b-instruct")  # use_cla false: 32 layers x 8 KV heads x 2 x 128 x 2 bytes
+    assert kv_cache_model(hunyuan).bytes_per_token("bf16") == 32 * 8 * 2 * 128 * 2
+    shared = {**hunyuan, "use_cla": True, "cla_share_factor": 2}
+    assert kv_cache_model(shared).bytes_per_token("bf16") == 16 * 8 * 2 * 128 * 2
+
+
 def test_kimi_linear_counts_kv_bytes_and_state_from_its_own_layers():
     report = analyze(KIMI_LINEAR)
     assert within(report["total_params"], 48e9)

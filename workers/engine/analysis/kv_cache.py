@@ -243,9 +243,14 @@ def kv_cache_of(view: ConfigView, layout: Layout) -> KvCache:
     # fp8 values plus one fp32 scale per block of 128 (vLLM's DeepseekV32IndexerCache).
     indexer = index_dim + -(-index_dim // INDEXER_QUANT_BLOCK) * 4 if index_dim and view.dim("index_n_heads") else 0
     layers = []
-    for kind in layout.layers:
+    # Hunyuan's cross-layer attention (use_cla): a layer whose index is not a multiple of cla_share_factor reuses
+    # the keys and values of the layer before it (modeling_hunyuan: "if self.use_cla and self.layer_idx %
+    # self.cla_share_factor != 0"), so it caches nothing of its own.
+    share = view.get("cla_share_factor") if view.flag("use_cla") else None
+    share = share if isinstance(share, int) and not isinstance(share, bool) and share > 1 else 1
+    for index, kind in enumerate(layout.layers):
         if kind.mixer == "attention":
-            elements = kv_heads * (head_dim + view.dim("v_head_dim", head_dim))
+            elements = kv_heads * (head_dim + view.dim("v_head_dim", head_dim)) if index % share == 0 else 0
             layers.append(KvLayer("attention", elements, windows[kind.window], 0, kv_heads))
         elif kind.mixer == "mla":
             # MLA caches its latent and the shared RoPE key (vLLM's MLAAttentionSpec head size), also where the

@@ -127,6 +127,16 @@ def test_keys_that_look_like_layer_patterns_but_cannot_be_read_are_named_in_the_
     assert any("bar_interval" in note for note in report["layers"]["notes"])
 
 
+def test_an_index_list_that_fits_neither_base_is_named_and_not_used():
+    # 0 and 4 of 4 layers: no numbering has both.
+    raw = {**BASE, "linear_attn_config": {"kda_layers": [0, 4], "num_heads": 4, "head_dim": 32}}
+    layout = layout_of(raw)
+    assert mixers(raw) == ["attention"] * 4
+    assert [note for note in layout.notes if "linear_attn_config.kda_layers" in note] == [
+        "linear_attn_config.kda_layers lists layers [0, 4] that fit neither 0-based nor 1-based numbering of 4 "
+        "layers; it is not used"]
+
+
 def test_released_configs_read_without_notes_on_their_layer_keys():
     for name in ("kimi-linear-48b-a3b-instruct", "hunyuan-a13b-instruct", "jamba-v0.1", "minimax-m1",
                  "nemotron-h-56b-base-8k", "gpt-oss-20b", "deepseek-v3.2"):

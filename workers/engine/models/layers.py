@@ -571,12 +571,15 @@ def _mlps(view: ConfigView, ffns: list[str]) -> tuple[Mlp, ...]:
 # ---- the layout ---------------------------------------------------------------------------------------------------
 
 
-def _uninterpreted(keys: list[PatternKey], read: list[str], view: ConfigView) -> list[str]:
-    """Pattern-like keys nothing above read: named, so the report shows what the layout may have missed."""
+def _uninterpreted(keys: list[PatternKey], read: list[str], view: ConfigView, said: list[str]) -> list[str]:
+    """Pattern-like keys nothing above read: named, so the report shows what the layout may have missed (once:
+    a key a note already names is left to it)."""
     notes = []
     for key in keys:
         leaf = key.path.rsplit(".", 1)[-1]
         if key.path in read or leaf in KNOWN_KEYS or leaf in PER_LAYER_DIMENSION_KEYS:
+            continue
+        if any(note.startswith(f"{key.path} ") for note in said):
             continue
         if key.form == "per_layer" and view.per_layer_values_of_alias(key.path) is not None:
             continue
@@ -609,7 +612,7 @@ def layer_layout(view: ConfigView, hf_layer_types: list | None = None) -> Layout
         listed = "layer_types" in read or "transformers' resolved layer_types" in read
         kinds.append(LayerKind(mixer, window if softmax else "full", ffn,
                                softmax and (sparse or (sparse_default and not listed))))
-    notes += _uninterpreted(keys, read, view)
+    notes += _uninterpreted(keys, read, view, notes)
     bases = {key.path: key.base for key in keys if key.form == "index_list" and key.path in read}
     return Layout(tuple(kinds), tuple(notes), _mlps(view, ffns), tuple(dict.fromkeys(read)), bases or None)
 

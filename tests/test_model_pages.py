@@ -198,5 +198,5 @@ def test_the_model_page_of_a_linear_attention_hybrid_shows_its_own_kv_bytes_and_
     client.force_login(member)
     page = client.get(f"/models/{spec.pk}/").content.decode()
     assert "8,064 bytes" in page
-    assert "Recurrent state (linear attention, KDA, Gated DeltaNet, Mamba)" in page
+    assert "Recurrent (linear-attention, KDA, Gated DeltaNet, Mamba) state: " in page
     assert f"{20 * (3 * 4096 * 3 * 2 + 32 * 128 * 128 * 4):,} bytes per sequence" in page

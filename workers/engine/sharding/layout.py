@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-FAULTS = ("corrupt_shard", "hang_rank_N", "crash_rank_N", "kill_rank_N")
+FAULTS = ("corrupt_shard", "corrupt_experts", "hang_rank_N", "crash_rank_N", "kill_rank_N")
+PLAN_AXES = ("tp", "pp", "dp", "ep", "nodes")
 _RANK_FAULT = re.compile(r"(hang|crash|kill)_rank_(\d+)")
 
 
@@ -63,13 +64,17 @@ class Layout:
         return " × ".join(parts) or "one rank"
 
 
-def parse_fault(fault: str | None, world_size: int) -> tuple[str, int | None] | None:
-    """``None``, ``("corrupt_shard", None)`` or ``(kind, rank)`` for hang/crash/kill of one rank."""
+def parse_fault(fault: str | None, world_size: int, ep: int | None = None) -> tuple[str, int | None] | None:
+    """``None``, ``("corrupt_shard", None)``, ``("corrupt_experts", None)`` or ``(kind, rank)`` for hang/crash/kill
+    of one rank. ``corrupt_shard`` mis-splits the innermost split the layout has; ``corrupt_experts`` gives the last
+    rank of each expert-parallel group its neighbour's experts (refused without EP when ``ep`` is known)."""
     if not fault:
         return None
-    if fault == "corrupt_shard":
+    if fault in ("corrupt_shard", "corrupt_experts"):
         if world_size == 1:
-            raise ValueError("fault 'corrupt_shard' needs a sharded layout: one rank has no shard to mis-split")
+            raise ValueError(f"fault {fault!r} needs a sharded layout: one rank has no shard to mis-split")
+        if fault == "corrupt_experts" and ep is not None and ep < 2:
+            raise ValueError("fault 'corrupt_experts' needs expert parallelism (ep >= 2): no experts are placed")
         return fault, None
     match = _RANK_FAULT.fullmatch(fault)
     if not match:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 
+from workers.engine.sharding.layout import ranks_keeping_axes, scaled_from_plan
+
 from ..choices import NodeStatus
 from ..jobs.services import submit_job
 from ..models import AdaptationJob, Cluster, Device, ModelSpec
@@ -31,18 +33,27 @@ def cluster_plan(model: ModelSpec, cluster: Cluster) -> tuple[dict | None, dict 
 
 
 def adaptation_layout(cluster: Cluster, devices: dict | None, plans: dict | None) -> tuple[dict, str]:
-    """The sharded run's layout: the planner's best layout that fits the cluster, else tp=2 on one node for the
-    reduced model (the sharded run always validates a reduced model, so correctness is checked either way)."""
-    for layout in (plans or {}).get("layouts", []):
-        if layout.get("fits") and layout["nodes"] <= devices["nodes"]:
-            # The sharding engine spreads experts over the tensor-parallel ranks (ep equals tp, or tp is 1);
-            # a layout that also spreads them over data-parallel replicas is validated without EP.
-            ep = layout["ep"] if layout["tp"] == 1 or layout["ep"] == layout["tp"] else 1
-            return ({"tp": layout["tp"], "pp": layout["pp"], "ep": ep, "node_count": layout["nodes"]},
-                    f"the planner's best layout that fits {cluster.name}: tp={layout['tp']} pp={layout['pp']} "
-                    f"ep={ep} on {layout['nodes']} node(s)")
-    return ({"tp": 2, "node_count": 1},
-            f"the full model does not fit {cluster.name}: validating the reduced model with tp=2 on one node")
+    """The sharded run's layout: the planner's layout (the best that fits the cluster, else the smallest that holds
+    the model) scaled to the ranks at hand, keeping the axes it uses (``layout.scaled_from_plan``: DP16 + EP16 ->
+    EP2 on 2 ranks, TP8 x PP2 -> TP2 x PP2 on 4). The ranks at hand: the cluster's accelerators, or on CPU nodes
+    the fewest processes of one node that keep every planned axis (``ranks_keeping_axes``). The sharded run always
+    validates a reduced model, so its layout need not fit the full one. Without a plan: TP2 on one node."""
+    fitting = [layout for layout in (plans or {}).get("layouts", [])
+               if layout.get("fits") and layout["nodes"] <= devices["nodes"]]
+    planned = next(iter(fitting or (plans or {}).get("smallest_layouts") or []), None)
+    if planned is None:
+        return ({"tp": 2, "node_count": 1},
+                f"no plan for {cluster.name}: validating the reduced model with TP2 on one node")
+    planned = {axis: int(planned[axis]) for axis in ("tp", "pp", "dp", "ep", "nodes")}
+    accelerators = Device.objects.filter(node__cluster=cluster, node__status=NodeStatus.ONLINE) \
+        .exclude(kind="cpu").exists()
+    per_node = devices["devices_per_node"] if accelerators else ranks_keeping_axes(planned)
+    ranks = per_node * devices["nodes"] if accelerators else per_node
+    layout, how = scaled_from_plan(planned, ranks)
+    node_count = -(-layout.world_size // per_node)
+    which = "the planner's best layout that fits" if fitting else "the smallest layout that holds the model, not"
+    return ({"tp": layout.tp, "pp": layout.pp, "ep": layout.ep, "node_count": node_count, "planned": planned},
+            f"{how}; {which} {cluster.name}; on {node_count} node{'s' if node_count != 1 else ''}")
 
 
 def serve_layout(cluster: Cluster, devices: dict | None, plans: dict | None, no_plan_reason: str) -> dict:

@@ -97,6 +97,19 @@ def plan_text(planned: dict) -> str:
     return f"{' + '.join(parts) or 'one device'} on {devices} device{'s' if devices != 1 else ''}"
 
 
+def _planned_axes(planned: dict) -> tuple[int, int]:
+    """(the plan's group: its EP size, vLLM's TP x DP, where it has experts, else its TP; its pipeline stages)."""
+    tp, pp, dp, ep = (int(planned.get(axis, 1)) for axis in ("tp", "pp", "dp", "ep"))
+    return (tp * dp if ep > 1 else tp), pp
+
+
+def ranks_keeping_axes(planned: dict) -> int:
+    """The fewest ranks on which every axis the plan uses keeps a split of 2 (at least 2): what a node without
+    accelerators runs as processes, 4 only for a plan with both a tensor/expert group and pipeline stages."""
+    group, stages = _planned_axes(planned)
+    return max(2, (2 if group > 1 else 1) * (2 if stages > 1 else 1))
+
+
 def scaled_from_plan(planned: dict, ranks: int) -> tuple[Layout, str]:
     """The sharded run's layout for a planner layout ``{"tp", "pp", "dp", "ep"}`` on ``ranks`` ranks, and a sentence
     saying how it was scaled.
@@ -112,8 +125,7 @@ def scaled_from_plan(planned: dict, ranks: int) -> tuple[Layout, str]:
     if ranks < 2:
         raise ValueError(f"a sharded run needs at least 2 ranks; {ranks} available")
     experts = ep > 1
-    group = tp * dp if experts else tp
-    stages = pp
+    group, stages = _planned_axes(planned)
     while group * stages > ranks:
         if max(group, stages) > 2:
             if stages > group:

@@ -114,7 +114,7 @@ def test_each_layout_runs_as_a_celery_job_on_two_cpu_processes_and_matches_the_r
     page = client.get(f"/stage-runs/{run.pk}/sharded/").content.decode()
     assert "Correct" in page and "expert-load-chart" in page and "random weights" in page
     compare = client.get(f"/models/{specs['llama-3.2-1b'].pk}/sharded-runs/").content.decode()
-    assert compare.count("/sharded/\">run ") == 2 and "tp1 pp2 ep1" in compare and "tp2 pp1 ep1" in compare
+    assert compare.count("/sharded/\">run ") == 2 and "PP2" in compare and "TP2" in compare
 
 
 @through_workers
@@ -272,7 +272,7 @@ def test_a_member_compares_every_run_of_the_model_newest_first(member, sharded_r
     assert [row["nodes"] for row in response.context["rows"]] == [2, 1, 1]
     summary = response.context["rows"][0]["summary"]
     slowest = max(rank["decode_s_per_step"] for rank in engine_report["ranks"]) * 1e3
-    assert (summary["layout"], summary["world_size"], summary["correct"]) == ("tp2 pp1 ep1", 2, True)
+    assert (summary["layout"], summary["world_size"], summary["correct"]) == ("TP2", 2, True)
     assert summary["slowest_decode_ms_per_step"] == pytest.approx(slowest)
     assert 0 < summary["collective_share"] < 1
     assert len(response.context["chart"]) == 2  # the failed run has no decode time to draw

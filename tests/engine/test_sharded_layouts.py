@@ -27,6 +27,7 @@ def load(name: str) -> dict:
     ({"tp": 8, "pp": 2}, 4, Layout(tp=2, pp=2), "TP2 × PP2 on 4 ranks: the plan scaled"),
     ({"tp": 8, "pp": 2}, 2, Layout(tp=2), "TP2 on 2 ranks: the plan scaled"),
     ({"tp": 8, "ep": 8}, 8, Layout(tp=8, ep=8), "EP8 × TP8 on 8 ranks: the plan as it is (TP8 + EP8 on 8 devices)"),
+    ({"tp": 2, "pp": 3, "dp": 3, "ep": 6}, 8, Layout(tp=3, pp=2, ep=3), "EP3 × TP3 × PP2 on 6 ranks: the plan scaled"),
     ({"tp": 2, "dp": 4}, 8, Layout(tp=2), "(DP replicas are copies of the model: not run)"),
     ({"tp": 1}, 2, Layout(tp=2), "the plan (one device on 1 device) splits nothing"),
 ])

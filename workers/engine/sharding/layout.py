@@ -117,9 +117,10 @@ def scaled_from_plan(planned: dict, ranks: int) -> tuple[Layout, str]:
     The axes the plan uses are kept: its expert-parallel group (vLLM spreads experts over TP x DP ranks) or its
     tensor-parallel group becomes this run's group, its pipeline its stages. Data parallelism without experts only
     copies the model (nothing to validate); with experts it is what spreads them, and attention stays whole on each
-    rank as DP attention keeps it. When the plan needs more ranks than there are, the larger axis halves first, and an
-    axis gives up its last split (2 -> 1) only when every axis is down to 2 (pipeline before the group): TP8 x PP2 on
-    4 ranks -> TP2 x PP2, on 2 -> TP2; DP16 + EP16 on 2 -> EP2.
+    rank as DP attention keeps it. When the plan needs more ranks than there are, the larger axis (the pipeline on a
+    tie) is divided by its smallest factor, but not below 2, and an axis gives up its last split (2 -> 1) only when
+    every axis is down to 2 (pipeline before the group): TP8 x PP2 on 4 ranks -> TP2 x PP2, on 2 -> TP2; DP16 + EP16
+    on 2 -> EP2; TP2 x PP3 x DP3 (EP6) on 8 -> EP3 x TP3 x PP2.
     """
     tp, pp, dp, ep = (int(planned.get(axis, 1)) for axis in ("tp", "pp", "dp", "ep"))
     if ranks < 2:
@@ -127,11 +128,11 @@ def scaled_from_plan(planned: dict, ranks: int) -> tuple[Layout, str]:
     experts = ep > 1
     group, stages = _planned_axes(planned)
     while group * stages > ranks:
-        if max(group, stages) > 2:
-            if stages > group:
-                stages = _halved(stages)
+        if max(group, stages) > 2:  # the larger axis gives way (the pipeline on a tie), not below 2 yet
+            if stages >= group:
+                stages = max(2, _halved(stages))
             else:
-                group = _halved(group)
+                group = max(2, _halved(group))
         elif stages > 1:
             stages = 1
         else:

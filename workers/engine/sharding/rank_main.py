@@ -100,11 +100,10 @@ def _model_summary(config, model) -> dict:
 
 def _shard(model, layout, stage: int, group, meter, fault) -> tuple[dict, list[list[int]]]:
     """Cut ``model`` down to this rank's part: its pipeline stage, its experts, its tensor-parallel shards."""
-    from .expert_parallel import DenseExpertParallelExperts, ExpertParallelExperts, apply_expert_parallel
+    from .expert_parallel import (DenseExpertParallelExperts, ExpertParallelExperts, apply_expert_parallel,
+                                  experts_modules)
     from .pipeline_parallel import keep_stage
     from .tensor_parallel import apply_tensor_parallel
-
-    from .expert_parallel import experts_modules
     from .verdict import ideal_held_params
 
     kind = fault[0] if fault else None

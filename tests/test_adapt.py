@@ -137,3 +137,44 @@ def test_the_proxy_sweep_stays_a_stage_one_can_pick_labelled_a_proxy(member):
     form = client.get(reverse("job-create")).content.decode()
     assert 'value="sweep"' in form and "Proxy sweep (d0&#x27;s reduced model on transformers, not a serving engine)" \
         in form
+
+
+def h200_nodes(cluster, count: int) -> None:
+    from django.utils import timezone
+
+    for index in range(count):
+        node = Node.objects.create(cluster=cluster, hostname=f"h200-{index}", last_heartbeat=timezone.now(),
+                                   queue_name=f"d0.node.alpha.{cluster.name}.h200-{index}", status="online")
+        for device in range(8):
+            node.devices.create(index=device, kind="cuda", name="NVIDIA H200", memory_bytes=141 * 10**9,
+                                measured={"copy_bandwidth_bytes_per_s": 4.0e12})
+
+
+@pytest.mark.django_db
+def test_kimi_k2s_sharded_run_keeps_the_plans_expert_parallelism_scaled_to_the_ranks_at_hand(
+        team, owner, member_api, cluster, node, broker):
+    """Issue 31, item 2: the plan's axes, not TP2 on a copy. On 2 x 8 H200 the Kimi-K2 plan's expert-parallel
+    group runs on one node's 8 GPUs; on a CPU node no device holds a share of it (no plan), and the run takes the
+    model's own axes, experts spread over ranks included."""
+    kimi = intake.add_from_catalog(team=team, user=owner, slug="kimi-k2-instruct")[0]
+    pair = team.clusters.create(name="h200-pair")
+    h200_nodes(pair, 2)
+    response = member_api.post(f"/api/models/{kimi.pk}/adapt/", {"cluster": pair.pk}, format="json")
+    assert response.status_code == 201, response.json()
+    job = AdaptationJob.objects.get(pk=response.json()["id"])
+    sharded = job.parameters["sharded_run"]
+    assert "planned" in sharded, job.log
+    planned = sharded["planned"]
+    assert planned["ep"] > 1 and planned["tp"] * planned["pp"] * planned["dp"] > 8, planned  # more than one node
+    # Experts spread over TP x DP in the plan stay spread over this run's group; its pipeline stays a pipeline; all
+    # on one node's 8 GPUs.
+    world = max(sharded["tp"], sharded["ep"]) * sharded["pp"]
+    assert sharded["ep"] > 1 and sharded["tp"] in (1, sharded["ep"]) and world <= 8 and sharded["node_count"] == 1
+    assert (sharded["pp"] > 1) == (planned["pp"] > 1)
+    assert f"on {world} ranks: the plan scaled to the 8 ranks at hand (" in job.log, job.log
+    assert "sharded run uses EP" in job.log
+
+    response = member_api.post(f"/api/models/{kimi.pk}/adapt/", {"cluster": cluster.pk}, format="json")
+    job = AdaptationJob.objects.get(pk=response.json()["id"])
+    assert job.parameters["sharded_run"] == {"tp": 2, "ep": 2, "node_count": 1}
+    assert "sharded run uses EP2 × TP2 on 2 ranks of one node, the model's own axes: there is no plan" in job.log

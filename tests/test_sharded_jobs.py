@@ -18,6 +18,7 @@ from django.utils import timezone
 from django.utils.html import escape
 
 from adaptation.models import AdaptationJob, EnvReport, ModelSpec, Node, StageRun
+from adaptation.sharding.stage import ShardedRun
 from tests.harness import wait_for
 from tests.test_query_counts import queries_for
 from tests.conftest import job_status, node_online
@@ -114,7 +115,7 @@ def test_each_layout_runs_as_a_celery_job_on_two_cpu_processes_and_matches_the_r
     page = client.get(f"/stage-runs/{run.pk}/sharded/").content.decode()
     assert "Correct" in page and "expert-load-chart" in page and "random weights" in page
     compare = client.get(f"/models/{specs['llama-3.2-1b'].pk}/sharded-runs/").content.decode()
-    assert compare.count("/sharded/\">run ") == 2 and "tp1 pp2 ep1" in compare and "tp2 pp1 ep1" in compare
+    assert compare.count("/sharded/\">run ") == 2 and "PP2" in compare and "TP2" in compare
 
 
 @through_workers
@@ -272,7 +273,7 @@ def test_a_member_compares_every_run_of_the_model_newest_first(member, sharded_r
     assert [row["nodes"] for row in response.context["rows"]] == [2, 1, 1]
     summary = response.context["rows"][0]["summary"]
     slowest = max(rank["decode_s_per_step"] for rank in engine_report["ranks"]) * 1e3
-    assert (summary["layout"], summary["world_size"], summary["correct"]) == ("tp2 pp1 ep1", 2, True)
+    assert (summary["layout"], summary["world_size"], summary["correct"]) == ("TP2", 2, True)
     assert summary["slowest_decode_ms_per_step"] == pytest.approx(slowest)
     assert 0 < summary["collective_share"] < 1
     assert len(response.context["chart"]) == 2  # the failed run has no decode time to draw
@@ -306,3 +307,33 @@ def test_a_run_of_the_generic_architecture_says_so_on_its_page(member, model_spe
     page = logged_in(member).get(f"/stage-runs/{finished_run(model_spec, node, report).pk}/sharded/").content.decode()
     assert "reduced to 1 of 64 layers" in page
     assert f'<li class="notice">{escape(note)}</li>' in page and '<li class="hint">64 layers -&gt; 1</li>' in page
+
+
+@pytest.mark.django_db
+def test_the_page_and_the_job_headline_say_which_axes_ran_and_what_each_rank_holds(member, model_spec, node,
+                                                                                  engine_report):
+    """Issue 31, item 2: one summary line (it read "(group_size2 × tp2 × world_size2, world 2)"), the axes the run
+    went through, each rank's held share beside its layout's ideal, and a misplaced expert block's reason."""
+    outcome = ShardedRun().outcome(engine_report)
+    assert outcome.summary == engine_report["summary"] and "group_size" not in outcome.summary
+    assert outcome.summary.startswith("TP2 on 2 ranks: matched the reference") and not outcome.warnings
+    page = logged_in(member).get(f"/stage-runs/{finished_run(model_spec, node, engine_report).pk}/sharded/") \
+        .content.decode()
+    assert f'<p id="summary"><b>{escape(engine_report["summary"])}</b></p>' in page
+    assert "TP2 (tensor parallelism): exercised" in page
+    share = engine_report["split"]["ranks"][1]
+    assert f"({share['held_share'] * 100:.1f} % of its stage; ideal {share['ideal_share'] * 100:.1f} %)" in page
+
+    reason = ("expert placement: model.layers.1.mlp.experts: rank 1 holds experts 0–1 but is sent the tokens of "
+              "experts 2–3; experts 0–1 held by more than one rank; experts 2–3 held by no rank")
+    misplaced = {**engine_report, "correct": False, "reason": reason, "layout": {**engine_report["layout"], "ep": 2},
+                 "axes": {**engine_report["axes"], "ep": {"size": 2, "exercised": True, "placement_ok": False,
+                                                          "experts_per_rank": 2, "all_to_all_calls": 8,
+                                                          "placement": [reason.removeprefix("expert placement: ")]}}}
+    misplaced.pop("summary")  # a report from before the summary: worded from its layout
+    assert ShardedRun().outcome(misplaced).summary == "EP2 × TP2 on 2 ranks: did NOT match the reference"
+    page = logged_in(member).get(f"/stage-runs/{finished_run(model_spec, node, misplaced).pk}/sharded/") \
+        .content.decode()
+    assert f'<p id="reason" class="message error">{reason}</p>' in page
+    assert "EP2 (expert parallelism): exercised, 2 experts per rank, 8 all_to_all calls; experts on the wrong " \
+           "ranks: model.layers.1.mlp.experts: rank 1 holds" in page

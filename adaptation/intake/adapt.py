@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 
+from workers.engine.sharding.layout import Layout, ranks_keeping_axes, scaled_from_plan
+
 from ..choices import NodeStatus
 from ..jobs.services import submit_job
 from ..models import AdaptationJob, Cluster, Device, ModelSpec
@@ -30,19 +32,31 @@ def cluster_plan(model: ModelSpec, cluster: Cluster) -> tuple[dict | None, dict 
         return devices, None, f"the planner has no plan for {cluster.name}: {' '.join(error.messages)}"
 
 
-def adaptation_layout(cluster: Cluster, devices: dict | None, plans: dict | None) -> tuple[dict, str]:
-    """The sharded run's layout: the planner's best layout that fits the cluster, else tp=2 on one node for the
-    reduced model (the sharded run always validates a reduced model, so correctness is checked either way)."""
-    for layout in (plans or {}).get("layouts", []):
-        if layout.get("fits") and layout["nodes"] <= devices["nodes"]:
-            # The sharding engine spreads experts over the tensor-parallel ranks (ep equals tp, or tp is 1);
-            # a layout that also spreads them over data-parallel replicas is validated without EP.
-            ep = layout["ep"] if layout["tp"] == 1 or layout["ep"] == layout["tp"] else 1
-            return ({"tp": layout["tp"], "pp": layout["pp"], "ep": ep, "node_count": layout["nodes"]},
-                    f"the planner's best layout that fits {cluster.name}: tp={layout['tp']} pp={layout['pp']} "
-                    f"ep={ep} on {layout['nodes']} node(s)")
-    return ({"tp": 2, "node_count": 1},
-            f"the full model does not fit {cluster.name}: validating the reduced model with tp=2 on one node")
+def adaptation_layout(cluster: Cluster, devices: dict | None, plans: dict | None,
+                      model: ModelSpec | None = None) -> tuple[dict, str]:
+    """The sharded run's layout: the planner's layout (the best that fits the cluster, else the smallest that holds
+    the model) scaled to the ranks at hand, keeping the axes it uses (``layout.scaled_from_plan``: DP16 + EP16 ->
+    EP2 on 2 ranks, TP8 x PP2 -> TP2 x PP2 on 4). The ranks at hand are one node's: its accelerators, or on CPU
+    nodes the fewest processes that keep every planned axis (``ranks_keeping_axes``); the run validates a reduced
+    model, which one node holds whatever the plan spans. Without a plan (no device of the cluster could hold
+    its share), the model's own axes on 2 ranks: TP2, with EP2 over the same ranks when it routes experts."""
+    fitting = [layout for layout in (plans or {}).get("layouts", [])
+               if layout.get("fits") and layout["nodes"] <= devices["nodes"]]
+    planned = next(iter(fitting or (plans or {}).get("smallest_layouts") or []), None)
+    if planned is None:
+        experts = ((model.analysis or {}).get("planner") or {}).get("experts") if model else None
+        layout = Layout(tp=2, ep=2 if experts else 1)
+        return ({"tp": layout.tp, "ep": layout.ep, "node_count": 1},
+                f"{layout.label()} on 2 ranks of one node, the model's own axes: there is no plan for "
+                f"{cluster.name}")
+    planned = {axis: int(planned[axis]) for axis in ("tp", "pp", "dp", "ep", "nodes")}
+    accelerators = Device.objects.filter(node__cluster=cluster, node__status=NodeStatus.ONLINE) \
+        .exclude(kind="cpu").exists()
+    ranks = devices["devices_per_node"] if accelerators else ranks_keeping_axes(planned)
+    layout, how = scaled_from_plan(planned, max(ranks, 2))
+    which = "the planner's best layout for" if fitting else "the smallest layout that holds the model, larger than"
+    return ({"tp": layout.tp, "pp": layout.pp, "ep": layout.ep, "node_count": 1, "planned": planned},
+            f"{how}; the plan is {which} {cluster.name}; on one node")
 
 
 def serve_layout(cluster: Cluster, devices: dict | None, plans: dict | None, no_plan_reason: str) -> dict:
@@ -66,7 +80,7 @@ def submit_adaptation(*, model: ModelSpec, cluster: Cluster, user, weights_path:
     """The whole adaptation in one job: env check, coverage, a sharded validation run, and the engine's serve sweep
     at the planned layout, on the team's checkpoint (``weights_path`` on the nodes) or a validation checkpoint."""
     devices, plans, no_plan_reason = cluster_plan(model, cluster)
-    layout, why = adaptation_layout(cluster, devices, plans)
+    layout, why = adaptation_layout(cluster, devices, plans, model)
     layout_plan = serve_layout(cluster, devices, plans, no_plan_reason)
     served = layout_plan["served"]
     entry = catalog.BY_SLUG.get(model.catalog_slug)

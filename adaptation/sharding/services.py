@@ -13,6 +13,8 @@ rank's skew. "Communication" here is therefore time not spent computing, not byt
 
 from __future__ import annotations
 
+from workers.engine.sharding.layout import Layout
+
 from ..choices import JobStatus
 from ..models import StageRun
 
@@ -37,7 +39,30 @@ def _milliseconds(seconds) -> float | None:
 
 
 def layout_label(layout: dict) -> str:
-    return f"tp{layout.get('tp', 1)} pp{layout.get('pp', 1)} ep{layout.get('ep', 1)}"
+    """"EP2 × TP1", "TP2 × PP2" (``Layout.label``)."""
+    return Layout(**{axis: int(layout.get(axis, 1)) for axis in ("tp", "pp", "ep")}).label()
+
+
+AXIS_NAMES = {"tp": "tensor parallelism", "ep": "expert parallelism", "pp": "pipeline parallelism"}
+
+
+def axis_lines(axes: dict) -> list[str]:
+    """The verdict's exercised axes (``workers/engine/sharding/verdict.exercised_axes``) as sentences."""
+    lines = []
+    for axis, figures in axes.items():
+        said = f"{axis.upper()}{figures['size']} ({AXIS_NAMES.get(axis, axis)}): " + \
+            ("exercised" if figures.get("exercised") else "NOT exercised")
+        if axis == "ep":
+            said += f", {figures.get('experts_per_rank')} experts per rank, {figures.get('all_to_all_calls', 0)} " \
+                    "all_to_all calls; " + (figures["placement"] if figures.get("placement_ok", True) else
+                                             "experts on the wrong ranks: " + " | ".join(figures["placement"]))
+        elif axis == "tp":
+            said += f", {figures.get('all_reduce_calls', 0)} all_reduce calls" + \
+                (f"; MLA {figures['mla']}" if figures.get("mla") else "")
+        elif axis == "pp":
+            said += f", {figures.get('send_calls', 0)} activations sent between stages"
+        lines.append(said)
+    return lines
 
 
 def threshold_lines(thresholds: dict) -> list[str]:
@@ -57,6 +82,7 @@ def threshold_lines(thresholds: dict) -> list[str]:
 def rank_rows(report: dict, node_names: list[str]) -> list[dict]:
     """One row per rank: where it ran, what it held, and its time split into compute and collectives."""
     decode_steps = report.get("decode_steps") or 0
+    shares = {figure["rank"]: figure for figure in (report.get("split") or {}).get("ranks", [])}
     rows = []
     for rank in report.get("ranks", []):
         collectives = rank.get("collectives") or {}
@@ -72,6 +98,8 @@ def rank_rows(report: dict, node_names: list[str]) -> list[dict]:
             "stage": rank.get("stage"),
             "layers": f"{layers[0]}–{layers[1]}" if len(layers) == 2 else "—",
             "held_parameter_bytes": rank.get("held_parameter_bytes"),
+            "held_share": _percent(shares[rank["rank"]]["held_share"]) if rank["rank"] in shares else None,
+            "ideal_share": _percent(shares[rank["rank"]]["ideal_share"]) if rank["rank"] in shares else None,
             "peak_rss_bytes": rank.get("peak_rss_bytes"),
             "peak_device_bytes": rank.get("peak_device_bytes"),
             "prefill_ms": _milliseconds(rank.get("prefill_s")),
@@ -122,6 +150,7 @@ def run_figures(report: dict, node_names: list[str]) -> dict:
         "corrupted": [(row["rank"], ", ".join(f"{kind} {name}" for kind, name in row["corrupted"].items()))
                       for row in ranks if row["corrupted"]],
         "split": _split(report.get("split")),
+        "axes": axis_lines(report.get("axes") or {}),
     }
 
 

@@ -273,7 +273,7 @@ def test_a_layout_whose_plan_leaves_most_weights_whole_is_reported_weakly_sharde
     each rank holds most of the model, and the report says so instead of calling it a tp=2 validation."""
     weak = run_sharded(load("gpt-oss-20b.json"), tp=2, decode_steps=2, timeout_s=240)
     assert weak["correct"] and weak["split"]["weakly_sharded"]
-    assert weak["split"]["largest_share"] > 0.6 and weak["split"]["ideal_share"] == 0.5
+    assert weak["split"]["largest_share"] > 0.6 and abs(weak["split"]["ideal_share"] - 0.5) < 0.03
     assert any(".self_attn." in item["name"] for item in weak["split"]["largest_replicated"])
     even = run_sharded(load("llama-3.1-8b.json"), tp=2, decode_steps=2, timeout_s=240)
     assert not even["split"]["weakly_sharded"] and abs(even["split"]["largest_share"] - 0.5) < 0.01

@@ -431,14 +431,18 @@ def _expert_count(reduced: dict, full) -> int | None:
 
 
 def _scale_experts(reduced: dict, full, ep: int) -> int | None:
-    """Make the routed experts a multiple of ``ep`` (and of the routing groups); returns the new count."""
+    """Make the routed experts a multiple of ``ep`` (and of the routing groups) with every EP rank holding experts of
+    its own: at least one, and two where a token picks two or more (top-k >= 2), so that a rank receives tokens for
+    different experts of its block and the block's local numbering is exercised. Returns the new count."""
     for part, part_full in _with_subconfigs(reduced, full):
         counts = _expert_counts(part, part_full)
         if not counts:
             continue
         experts = max(counts.values())
+        top_k = max((value for key in TOP_K_KEYS if isinstance(value := part.get(key), int)), default=1)
         step = math.lcm(ep, part.get("n_group") or 1)
-        wanted = -(-experts // step) * step
+        least = max(experts, top_k, ep * min(top_k, 2))
+        wanted = -(-least // step) * step
         if wanted != experts:
             for key in counts:
                 _set(part, part_full, key, wanted)
@@ -468,7 +472,8 @@ def reduce_for_layout(config: dict, *, tp: int = 1, pp: int = 1, ep: int = 1) ->
             raise ValueError(f"ep={ep} needs routed experts; the {config.get('model_type')} config has none")
         experts = _scale_experts(reduced, full, ep)
         if experts != before:
-            notes.append(f"routed experts {before} -> {experts}, so that ep={ep} splits them")
+            notes.append(f"routed experts {before} -> {experts}, so that each of the ep={ep} ranks holds "
+                         f"{experts // ep} of its own")
     layers = _int_attribute(causal_lm_config(load_config(reduced)), "num_hidden_layers")
     if layers < pp:
         deepen(reduced, full, pp)

@@ -146,10 +146,58 @@ def experts_modules(model) -> list[tuple[str, int, nn.Module]]:
             and (match := layer.search(name))]
 
 
+def expert_fingerprints(experts: nn.Module) -> list[str]:
+    """One checksum per expert of an experts module (its rows of every per-expert parameter): which expert a rank
+    really holds, whatever its position in the rank's block says."""
+    count = experts.num_experts
+    sums = [[] for _ in range(count)]
+    for _, parameter in sorted(experts.named_parameters()):
+        rows = parameter.shape[0] if parameter.dim() else 0
+        if not rows or rows % count:
+            continue
+        for expert, part in enumerate(parameter.data.double().reshape(count, -1)):
+            sums[expert] += [float(part.sum()), float(part.abs().sum())]
+    return [",".join(f"{value:.12g}" for value in values) for values in sums]
+
+
+def placement_problems(held: list[dict[str, list[int | None]]], per_rank: dict[str, int]) -> list[str]:
+    """What is wrong with where the experts are, given each group rank's held expert ids per experts module (in
+    group-rank order) and the experts per rank; tokens go to rank ``expert // per_rank``, so rank r must hold
+    exactly the block [r * per_rank, (r + 1) * per_rank). Empty when every expert sits where tokens are sent."""
+    problems = []
+    for name, block in per_rank.items():
+        holders: dict[int, list[int]] = {}
+        wrong = []
+        for rank, modules in enumerate(held):
+            ids = modules.get(name, [])
+            expected = list(range(rank * block, (rank + 1) * block))
+            for expert in ids:
+                if expert is not None:
+                    holders.setdefault(expert, []).append(rank)
+            if ids != expected:
+                shown = "unknown experts" if None in ids else f"experts {_span(ids)}"
+                wrong.append(f"rank {rank} holds {shown} but is sent the tokens of experts {_span(expected)}")
+        if not wrong:
+            continue
+        twice = sorted(expert for expert, ranks in holders.items() if len(ranks) > 1)
+        missing = sorted(set(range(block * len(held))) - set(holders))
+        details = wrong + ([f"experts {_span(twice)} held by more than one rank"] if twice else []) + \
+            ([f"experts {_span(missing)} held by no rank"] if missing else [])
+        problems.append(f"{name}: {'; '.join(details)}")
+    return problems
+
+
+def _span(ids: list[int]) -> str:
+    return f"{ids[0]}–{ids[-1]}" if ids and ids == list(range(ids[0], ids[-1] + 1)) and len(ids) > 1 else \
+        ", ".join(map(str, ids))
+
+
 def apply_expert_parallel(model, group: Group, meter, *, corrupt: bool = False) -> dict:
     """Replace every experts module on this rank; ``corrupt`` gives the group's last rank the wrong block.
 
     A pipeline stage may hold only dense layers (DeepSeek-V3's first ones) and then has nothing to replace.
+    Returns, besides what was replaced, the expert ids this rank holds per module (``held``, found by checksum
+    against the full module) and the experts per rank, for ``placement_problems``.
     """
     found = experts_modules(model)
     if not found and not getattr(model.config, "base_model_ep_plan", None):
@@ -159,10 +207,16 @@ def apply_expert_parallel(model, group: Group, meter, *, corrupt: bool = False) 
     # true ownership, like an expert map that is off by one block.
     corrupted = group.rank == group.size - 1 and corrupt
     owner_index = (group.rank + 1) % group.size if corrupted else group.rank
+    held, per_rank = {}, {}
     for name in names:
         owner_name, _, attribute = name.rpartition(".")
         owner = model.get_submodule(owner_name)
         experts = getattr(owner, attribute)
+        everyone = expert_fingerprints(experts)
         wrapper = ExpertParallelExperts if _dispatching(experts) else DenseExpertParallelExperts
         setattr(owner, attribute, wrapper(experts, group, meter, owner_index=owner_index, name=name))
-    return {"experts_modules": len(names), "corrupted": names if corrupted and names else None}
+        held[name] = [everyone.index(print_) if print_ in everyone else None
+                      for print_ in expert_fingerprints(experts)]
+        per_rank[name] = len(held[name])
+    return {"experts_modules": len(names), "corrupted": names if corrupted and names else None, "held": held,
+            "per_rank": per_rank}

@@ -100,19 +100,26 @@ def _model_summary(config, model) -> dict:
 
 def _shard(model, layout, stage: int, group, meter, fault) -> tuple[dict, list[list[int]]]:
     """Cut ``model`` down to this rank's part: its pipeline stage, its experts, its tensor-parallel shards."""
-    from .expert_parallel import DenseExpertParallelExperts, ExpertParallelExperts, apply_expert_parallel
+    from .expert_parallel import (DenseExpertParallelExperts, ExpertParallelExperts, apply_expert_parallel,
+                                  experts_modules)
     from .pipeline_parallel import keep_stage
     from .tensor_parallel import apply_tensor_parallel
+    from .verdict import ideal_held_params
 
-    corrupt = fault is not None and fault[0] == "corrupt_shard"
-    # The deliberate mis-split goes to one place: the innermost split the layout has.
-    corrupt_tp, corrupt_ep = corrupt and layout.tp > 1, corrupt and layout.tp == 1 and layout.ep > 1
+    kind = fault[0] if fault else None
+    corrupt = kind == "corrupt_shard"
+    # corrupt_shard goes to one place, the innermost split the layout has; corrupt_experts to the expert placement.
+    corrupt_tp = corrupt and layout.tp > 1
+    corrupt_ep = kind == "corrupt_experts" or corrupt and layout.tp == 1 and layout.ep > 1
     sharding = {}
     stages = [[0, model.config.num_hidden_layers - 1]]
     if layout.pp > 1:
         sharding["pipeline"] = keep_stage(model, stage, layout.pp, corrupt=corrupt and layout.group_size == 1)
         stages = sharding["pipeline"]["all_stages"]
     stage_parameters = {name: parameter.numel() for name, parameter in model.named_parameters()}
+    expert_prefixes = tuple(f"{name}." for name, _, _ in experts_modules(model))
+    ideal = ideal_held_params({name: (parameter.numel(), parameter.dim()) for name, parameter in
+                               model.named_parameters()}, expert_prefixes, tp=layout.tp, group_size=layout.group_size)
     if layout.ep > 1:
         sharding["experts"] = apply_expert_parallel(model, group, meter, corrupt=corrupt_ep)
     if layout.tp > 1:
@@ -120,18 +127,18 @@ def _shard(model, layout, stage: int, group, meter, fault) -> tuple[dict, list[l
                                                    skip_modules=(ExpertParallelExperts, DenseExpertParallelExperts),
                                                    corrupt=corrupt_tp)
     if layout.group_size > 1:
-        sharding["split"] = _split_share(stage_parameters, model)
+        sharding["split"] = _split_share(stage_parameters, model, ideal)
     return sharding, stages
 
 
-def _split_share(stage_parameters: dict[str, int], model) -> dict:
-    """How much of its stage's parameters this rank holds after the tensor/expert split, and the largest
-    parameters that every rank holds whole (what keeps the share above 1/group)."""
+def _split_share(stage_parameters: dict[str, int], model, ideal: float) -> dict:
+    """How much of its stage's parameters this rank holds after the tensor/expert split, what the layout should
+    leave it (``verdict.ideal_held_params``), and the largest parameters that every rank holds whole."""
     held = {name: parameter.numel() for name, parameter in model.named_parameters()}
     whole = sorted(((name, count) for name, count in held.items() if stage_parameters.get(name) == count),
                    key=lambda item: -item[1])
     return {"held_params": sum(held.values()), "stage_params": sum(stage_parameters.values()),
-            "share": sum(held.values()) / max(sum(stage_parameters.values()), 1),
+            "ideal_params": ideal, "share": sum(held.values()) / max(sum(stage_parameters.values()), 1),
             "replicated_params": sum(count for _, count in whole),
             "largest_replicated": [{"name": name, "params": count} for name, count in whole[:5]]}
 
@@ -142,6 +149,7 @@ def run_rank(job: dict) -> dict:
     from transformers import DynamicCache
 
     from .compare import compare_traces
+    from .verdict import exercised_axes, split_verdict
     from .exchange import all_gather_json, broadcast_json
     from ..models import build_random_model, load_checkpoint, load_config
     from .expert_parallel import experts_modules
@@ -154,7 +162,7 @@ def run_rank(job: dict) -> dict:
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
     layout = Layout(**job["layout"])
-    fault = parse_fault(job.get("fault"), layout.world_size)
+    fault = parse_fault(job.get("fault"), layout.world_size, ep=layout.ep)
     if world_size != layout.world_size:
         raise ValueError(f"WORLD_SIZE {world_size} but the layout needs {layout.world_size} ranks")
     device = torch.device("cuda", local_rank) if job["device"] == "cuda" else torch.device("cpu")
@@ -241,6 +249,8 @@ def run_rank(job: dict) -> dict:
         "corrupted": {kind: part["corrupted"] for kind, part in sharding.items()
                       if isinstance(part, dict) and part.get("corrupted")} or None,
         "split": sharding.get("split"),
+        "experts_held": (sharding.get("experts") or {}).get("held"),
+        "experts_per_rank": (sharding.get("experts") or {}).get("per_rank"),
         "routing_counts": recorder.counts,
     }
     _progress(0.9, f"rank {rank}: gathering figures")
@@ -254,17 +264,23 @@ def run_rank(job: dict) -> dict:
     dist.destroy_process_group()
 
     random_weights = not job.get("weights_path")
+    placement = _placement(gathered, layout)
+    verdict = verdict[0]
+    if placement:
+        verdict = {**verdict, "correct": False, "reason": "expert placement: " + " | ".join(placement)}
     report = {
         "architecture": config.model_type, "model_class": type(model).__name__, "model": summary,
         "weights": "random (seed {})".format(job["seed"]) if random_weights else job["weights_path"],
         "world_size": world_size,
-        "layout": {**layout.describe(), "stages": stages, "tensor_plan": sharding.get("tensor", {}).get("plan"),
+        "layout": {**layout.describe(), "label": layout.label(), "stages": stages,
+                   "tensor_plan": sharding.get("tensor", {}).get("plan"),
+                   "mla": sharding.get("tensor", {}).get("mla"),
                    "experts_per_rank": summary["experts"] // layout.ep if layout.ep > 1 else None},
         "backend": backend, "device": device.type, "dtype": job["dtype"],
         "reference": {"device": "cpu", "dtype": "fp32", "rank": layout.reporting_rank},
         "decode_steps": job["decode_steps"], "prompt_tokens": job["prompt_tokens"],
         "decoding": "greedy with a KV cache (transformers DynamicCache), batch 1",
-        **verdict[0],
+        **verdict,
         "ranks": gathered,
         "fault": job.get("fault"),
     }
@@ -272,22 +288,21 @@ def run_rank(job: dict) -> dict:
         report["routing"] = routing_summary(routing_counts, layout.ep, random_weights=random_weights)
     if layout.group_size > 1:
         report["split"] = split_verdict([figure["split"] for figure in gathered], layout.group_size)
+    report["axes"] = exercised_axes(report["layout"], gathered, sharding.get("tensor"), placement)
     return report
 
 
-WEAK_SPLIT_MARGIN = 0.10
+def _placement(gathered: list[dict], layout) -> list[str]:
+    """``placement_problems`` for each pipeline stage's expert-parallel group (its ranks in group-rank order)."""
+    from .expert_parallel import placement_problems
 
-
-def split_verdict(splits: list[dict], group_size: int) -> dict:
-    """Whether the layout really divides the model: a rank holding more than 1/group + 10% of its stage's
-    parameters is "weakly sharded" (gpt-oss split by its plan at tp=2 kept its attention and experts whole), named
-    with what every rank keeps whole. A correct but weakly sharded run validates less than its layout claims."""
-    worst = max(splits, key=lambda split: split["share"])
-    ideal = 1 / group_size
-    return {"ideal_share": ideal, "largest_share": worst["share"],
-            "weakly_sharded": worst["share"] > ideal + WEAK_SPLIT_MARGIN,
-            "replicated_share": worst["replicated_params"] / max(worst["stage_params"], 1),
-            "largest_replicated": worst["largest_replicated"]}
+    problems = []
+    for stage in range(layout.pp if layout.ep > 1 else 0):
+        group = sorted((figure for figure in gathered if figure["stage"] == stage), key=lambda f: f["group_rank"])
+        held = [figure.get("experts_held") or {} for figure in group]
+        per_rank = next((figure["experts_per_rank"] for figure in group if figure.get("experts_per_rank")), {})
+        problems += placement_problems(held, per_rank)
+    return problems
 
 
 def main(job_path: str) -> int:

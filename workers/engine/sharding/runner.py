@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 from .compare import THRESHOLDS
 from .launcher import free_port, launch_ranks
-from .layout import Layout, parse_fault
+from .layout import Layout, parse_fault, plan_text
+from .verdict import summary_line
 
 RENDEZVOUS_KEYS = ("master_addr", "master_port", "world_size", "node_rank", "nproc_per_node")
 
@@ -28,7 +29,7 @@ def _device(requested: str, nproc_per_node: int) -> str:
 def run_sharded(config: dict | None, *, tp: int = 1, pp: int = 1, ep: int = 1, dtype: str = "fp32",
                 decode_steps: int = 16, seed: int = 0, prompt_tokens: int = 8, weights_path: str | None = None,
                 shrink: bool = True, device: str = "auto", rendezvous: dict | None = None,
-                timeout_s: float = 600.0, fault: str | None = None,
+                timeout_s: float = 600.0, fault: str | None = None, planned: dict | None = None,
                 progress: Callable[[float, str], None] | None = None) -> dict:
     """Run ``config``'s architecture sharded tp x pp x ep and compare it with the fp32 CPU reference.
 
@@ -38,7 +39,9 @@ def run_sharded(config: dict | None, *, tp: int = 1, pp: int = 1, ep: int = 1, d
     ``dtype``: fp32, bf16 or fp16 for the sharded run (the reference is always CPU fp32). ``device``: auto (GPUs
     when this node has one per local rank), cpu or cuda. ``rendezvous``: master_addr, master_port, world_size,
     node_rank, nproc_per_node to join a multi-node world; without it all ranks run here. ``fault``: a test hook,
-    ``corrupt_shard`` or ``hang_rank_N`` / ``crash_rank_N`` / ``kill_rank_N``.
+    ``corrupt_shard``, ``corrupt_experts`` or ``hang_rank_N`` / ``crash_rank_N`` / ``kill_rank_N``. ``planned``:
+    the planner's layout ``{tp, pp, dp, ep}`` this layout was scaled from (``layout.scaled_from_plan``), named in
+    the report's ``summary``.
 
     Returns the report of the whole world (the same on every node). Raises ``ShardedRunError`` when a rank fails
     or the run passes ``timeout_s``.
@@ -48,7 +51,7 @@ def run_sharded(config: dict | None, *, tp: int = 1, pp: int = 1, ep: int = 1, d
         raise ValueError(f"dtype must be one of {', '.join(THRESHOLDS)}, not {dtype!r}")
     if decode_steps < 0 or prompt_tokens < 1:
         raise ValueError("decode_steps must be >= 0 and prompt_tokens >= 1")
-    parse_fault(fault, layout.world_size)
+    parse_fault(fault, layout.world_size, ep=layout.ep)
     reduction = None
     if weights_path is None:
         if not isinstance(config, dict):
@@ -79,4 +82,7 @@ def run_sharded(config: dict | None, *, tp: int = 1, pp: int = 1, ep: int = 1, d
     if reduction is not None:
         report["reduction"] = {"full_layers": reduction.full_layers, "layers": reduction.layers,
                                "notes": reduction.notes}
+    if planned:
+        report["planned"] = {**planned, "text": plan_text(planned)}
+    report["summary"] = summary_line(report)
     return report

@@ -8,12 +8,20 @@ from collections.abc import Callable
 from ..parameters import Parameter, validate
 from ..stage_spec import StageSpec
 from .compare import THRESHOLDS
-from .layout import parse_fault
+from .layout import PLAN_AXES, parse_fault
 from .runner import run_sharded
 
 
 def _fault(fault: str) -> None:
     parse_fault(fault, world_size=2**20)  # the world's real size is checked again when the run starts
+
+
+def _planned(planned: dict) -> None:
+    for axis, size in planned.items():
+        if axis not in PLAN_AXES:
+            raise ValueError(f"unknown axis {axis!r}; a planned layout has {', '.join(PLAN_AXES)}")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(f"{axis} must be a positive integer, not {size!r}")
 
 
 PARAMETERS = (
@@ -32,8 +40,10 @@ PARAMETERS = (
     Parameter("shrink", "bool", "run a small model of the architecture (false: the config's own sizes)", default=True),
     Parameter("device", "choice", "where the ranks run", default="auto", choices=("auto", "cpu", "cuda")),
     Parameter("timeout_s", "float", "seconds before a hung run is ended", default=600.0, minimum=1, maximum=86400),
-    Parameter("fault", "str", "test hook: corrupt_shard, or hang_rank_N / crash_rank_N / kill_rank_N", nullable=True,
-              maximum=32, check=_fault),
+    Parameter("fault", "str", "test hook: corrupt_shard, corrupt_experts, or hang_rank_N / crash_rank_N / "
+              "kill_rank_N", nullable=True, maximum=32, check=_fault),
+    Parameter("planned", "object", "the planner's layout this run was scaled from ({tp, pp, dp, ep, nodes}); the "
+              "report names it beside the axes the run exercised", nullable=True, check=_planned),
     Parameter("node_count", "int", "nodes the world spans (the control plane places the ranks)", default=1, minimum=1,
               maximum=64),
     Parameter("rendezvous", "object", "master address and port, world size, node rank, ranks per node",

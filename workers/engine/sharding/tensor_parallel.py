@@ -19,6 +19,12 @@ shard on purpose, and the same code runs on gloo and nccl. The meaning of each s
   so the experts' all_reduce adds it up once.
 - ``mla_kv_a_proj``, ``replicate``, ``local_params``, ``replicated*``: every rank keeps the whole module (MLA's
   latent projection: transformers' style only all-reduces its rope part's gradient, which inference has none of).
+
+Multi-head latent attention is split by heads even where the model's plan leaves it out (DeepSeek-V3's and so
+Kimi-K2's plan in transformers split only the MLP, which left 44 % of a reduced Kimi-K2 whole on every rank): the
+per-head up-projections (``q_proj`` / ``q_b_proj``, ``kv_b_proj``) column-wise, ``o_proj`` row-wise, the latent
+down-projections (``q_a_proj``, ``kv_a_proj_with_mqa``) and their norms replicated, as vLLM and DeepSeek-V2's plan
+split it (``mla_head_plan``).
 """
 
 from __future__ import annotations
@@ -143,15 +149,61 @@ def _fault_target(plan: dict, targets: dict) -> str:
     return target
 
 
+MLA_SPLIT = {"q_proj": "colwise", "q_b_proj": "colwise", "kv_b_proj": "colwise", "o_proj": "rowwise"}
+MLA_REPLICATED = ("q_a_proj", "kv_a_proj_with_mqa")
+_LAYER_INDEX = re.compile(r"\.(\d+)\.")
+
+
+def _is_mla(module) -> bool:
+    return all(hasattr(module, name) for name in ("kv_a_proj_with_mqa", "kv_b_proj", "o_proj"))
+
+
+def mla_head_plan(model, plan: dict, group_size: int) -> tuple[dict, dict]:
+    """Plan entries that split every multi-head latent attention module by heads, for those the model's plan does
+    not already cover, and what was decided (``{"split": [...], "replicated": [...]}`` or ``{"kept_whole": why}``).
+
+    Each rank then runs heads / group of the heads on the whole latent: its slice of ``q_b_proj`` / ``kv_b_proj``
+    rows is its heads' queries, keys and values (rows are head-major), its slice of ``o_proj`` columns their
+    output; the partial outputs are summed. Attention reads the head count from the shapes (``view(..., -1, d)``),
+    so nothing else changes. Kept whole when heads share a key/value head (grouped KV): a slice would pair a
+    rank's queries with the wrong keys.
+    """
+    import torch
+
+    added, found = {}, []
+    for name, module in model.named_modules():
+        if not _is_mla(module):
+            continue
+        heads = getattr(module, "num_heads", None) or model.config.num_attention_heads
+        if getattr(module, "num_key_value_groups", 1) != 1:
+            return {}, {"kept_whole": "its heads share key/value heads (grouped KV)"}
+        if heads % group_size:
+            return {}, {"kept_whole": f"{heads} heads do not split over {group_size} ranks"}
+        key = _LAYER_INDEX.sub(".*.", name, count=1)
+        found.append(key)
+        for child, style in {**MLA_SPLIT, **dict.fromkeys(MLA_REPLICATED, "replicated")}.items():
+            entry = f"{key}.{child}"
+            if isinstance(getattr(module, child, None), torch.nn.Linear) and \
+                    not any(_pattern(planned).fullmatch(f"{name}.{child}") for planned in plan):
+                added[entry] = style
+    keys = sorted(set(found))
+    return added, {"split": sorted({entry for entry, style in added.items() if style != "replicated"}),
+                   "replicated": sorted({entry for entry, style in added.items() if style == "replicated"}),
+                   "modules": len(keys)} if keys else {}
+
+
 def apply_tensor_parallel(model, group: Group, meter, *, skip_modules: tuple[type, ...] = (),
                           corrupt: bool = False) -> dict:
-    """Split ``model`` in place per its tp plan; returns what was split how (and what the fault touched).
+    """Split ``model`` in place per its tp plan (with MLA split by heads, ``mla_head_plan``); returns what was split
+    how (and what the fault touched).
 
     ``corrupt`` mis-splits one MLP projection on the group's last rank (see ``split``).
     """
     plan = dict(model.tp_plan or {})
     if not plan:
         raise ValueError(f"{type(model).__name__} declares no tensor-parallel plan")
+    mla_entries, mla = mla_head_plan(model, plan, group.size)
+    plan.update(mla_entries)
     modules = dict(model.named_modules())
     parameters = dict(model.named_parameters())
     skipped_prefixes = tuple(f"{name}." for name, module in modules.items() if isinstance(module, skip_modules))
@@ -168,7 +220,7 @@ def apply_tensor_parallel(model, group: Group, meter, *, skip_modules: tuple[typ
             _apply_style(model, modules, name, style, group, meter, misplit=name == fault_target)
         if targets[key]:
             summary.setdefault(style, []).append(key)
-    return {"plan": summary, "corrupted": fault_target}
+    return {"plan": summary, "corrupted": fault_target, **({"mla": mla} if mla else {})}
 
 
 def _apply_style(model, modules: dict, name: str, style: str, group: Group, meter, *, misplit: bool) -> None:

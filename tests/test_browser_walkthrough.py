@@ -32,3 +32,91 @@ def test_the_job_pages_headline_follows_the_running_stage_without_a_reload(live_
     outcomes.filter(has_text="env_probe on gpu-01: 1 device(s): EPYC").wait_for(timeout=10_000)
     assert "env_probe" not in headline.inner_text()
     assert page.evaluate("window.notReloaded") is True
+
+
+def held_posts(browser_page, pattern: str) -> list:
+    """The POSTs to ``pattern`` held back (a slow server: they are answered when the test lets each go on)."""
+    held = []
+    browser_page.route(pattern, lambda route: held.append(route) if route.request.method == "POST"
+                       else route.continue_())
+    return held
+
+
+BUSY_STATE = """button => new Promise(done => {
+  button.click();
+  window.setTimeout(() => {
+    const state = {disabled: button.disabled, text: button.textContent, busy: button.getAttribute("aria-busy"),
+                   form_busy: button.form.getAttribute("aria-busy")};
+    button.form.requestSubmit();
+    done(state);
+  }, 50);
+})"""
+
+
+def submitted_twice(button) -> dict:
+    """Click ``button``, read its state 50 ms later, then submit its form again: all in the page."""
+    return button.evaluate(BUSY_STATE)
+
+
+def test_a_catalog_add_says_it_is_working_and_is_not_sent_twice(live_server, cluster, member, page):  # noqa: F811
+    from adaptation.models import ModelSpec
+
+    log_in(page, live_server)
+    page.goto(f"{live_server.url}/models/catalog/?q=llama-3.1-8b")
+    form = page.locator("form[action$='/models/catalog/llama-3.1-8b/add/']")
+    button = form.locator("button")
+    assert button.inner_text() == "Add" and button.is_enabled()
+    held = held_posts(page, "**/models/catalog/llama-3.1-8b/add/")
+    # Clicked, then read and sent again, from inside the page: while its navigation is pending Playwright's own
+    # locators wait for the next document.
+    assert submitted_twice(button) == {"disabled": True, "text": "Adding…", "busy": "true", "form_busy": "true"}
+    page.wait_for_timeout(500)
+    assert len(held) == 1  # the second submit (Enter, a script, a click that beat the disabling) was dropped
+    held[0].continue_()
+    page.wait_for_url(f"{live_server.url}/models/*/", timeout=120_000)  # an add analyses the config: 16 s here
+    assert ModelSpec.objects.filter(team=cluster.team).count() == 1
+
+
+def test_a_config_upload_says_it_is_working(live_server, cluster, member, page, tmp_path):  # noqa: F811
+    import json
+
+    from tests.conftest import load_config
+
+    config = tmp_path / "qwen3.json"
+    config.write_text(json.dumps(load_config("qwen3-0.6b.json")))
+    log_in(page, live_server)
+    page.goto(f"{live_server.url}/models/new/")
+    page.fill("#id_name", "uploaded-qwen3")
+    page.set_input_files("#id_config_file", str(config))
+    held = held_posts(page, "**/models/new/")
+    button = page.locator("form.stacked button[type=submit]")
+    assert submitted_twice(button) == {"disabled": True, "text": "Uploading and analysing…", "busy": "true",
+                                       "form_busy": "true"}
+    page.wait_for_timeout(500)
+    assert len(held) == 1
+    held[0].continue_()
+    page.wait_for_url(f"{live_server.url}/models/*/", timeout=120_000)  # an add analyses the config: 16 s here
+    assert "uploaded-qwen3" in page.locator("h1").inner_text()
+
+
+def test_the_reports_index_is_reached_from_the_navigation(live_server, cluster, member, model_spec, node,
+                                                          page):  # noqa: F811
+    job = AdaptationJob.objects.create(team=cluster.team, cluster=cluster, model=model_spec, submitted_by=member,
+                                       stages=["sweep", "sharded_run"], status="succeeded")
+    sweep = StageRun.objects.create(job=job, kind="sweep", node=node, node_name=node.hostname, status="succeeded",
+                                    result={"trials": []})
+    sharded = StageRun.objects.create(job=job, kind="sharded_run", node=node, node_name=node.hostname,
+                                      status="succeeded", result={"ranks": []})
+    log_in(page, live_server)
+    page.click("header nav a:text-is('Reports')")
+    page.wait_for_url(f"{live_server.url}/reports/")
+    rows = page.locator("table.reports tbody tr")
+    assert rows.count() == 2
+    assert rows.nth(0).locator("a").first.inner_text() == f"Sharded run #{sharded.pk}"  # newest first
+    assert rows.nth(1).locator("a").first.inner_text() == f"Sweep #{sweep.pk}"
+    page.select_option("#report-kind", "sweep")
+    page.click("form.filters button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/reports/?kind=sweep")
+    assert rows.count() == 1
+    rows.nth(0).locator("a").first.click()
+    page.wait_for_url(f"{live_server.url}/sweeps/{sweep.pk}/")

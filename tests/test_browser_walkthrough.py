@@ -120,3 +120,23 @@ def test_the_reports_index_is_reached_from_the_navigation(live_server, cluster, 
     assert rows.count() == 1
     rows.nth(0).locator("a").first.click()
     page.wait_for_url(f"{live_server.url}/sweeps/{sweep.pk}/")
+
+
+def test_the_api_docs_try_it_out_gets_a_token_with_the_form_body(live_server, member, page):  # noqa: F811
+    """As a user does it: signed in, the token operation's "Try it out" with the form body it offers first. It once
+    sent nothing (the schema asked for the read-only token too) and, sent, met the session's CSRF check."""
+    from rest_framework.authtoken.models import Token
+
+    log_in(page, live_server)
+    page.goto(f"{live_server.url}/api/docs/")
+    block = page.locator("#operations-token-token_create")
+    block.locator(".opblock-summary").first.click()
+    block.locator("button.try-out__btn").click()
+    assert block.locator("select.content-type").first.input_value() == "application/x-www-form-urlencoded"
+    block.locator("input[placeholder=username]").fill("bob")
+    block.locator("input[placeholder=password]").fill("a-long-test-password")
+    with page.expect_response("**/api/token/") as answer:
+        block.locator("button.execute").click()
+    assert answer.value.status == 200
+    token = Token.objects.get(user=member).key
+    block.locator(".live-responses-table").filter(has_text=token).wait_for(timeout=10_000)

@@ -1,7 +1,9 @@
 """The job page leads with what each stage found: a headline per stage run, and its warnings (a proxy sweep says it
 is one; a sweep with a trial over its ceiling says the ceiling is suspect)."""
 
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from adaptation.models import StageRun
 
@@ -110,3 +112,10 @@ def test_the_progress_json_leads_with_the_running_stage_and_the_outcomes_so_far(
     assert [(item["kind"], item["status"], item["summary"]) for item in live["outcomes"]] == [
         ("env_probe", "succeeded", "1 device(s): EPYC"), ("sweep", "running", "trial 7 of 9")]
     assert live["pending_stages"] == []
+    # The ended stage's outcome was worked out once: later polls read no result (a sweep's can be 500 KB).
+    with CaptureQueriesContext(connection) as polled:
+        assert client.get(f"/jobs/{job.pk}/progress/").json()["outcomes"] == live["outcomes"]
+    assert not any('"result"' in query["sql"] for query in polled), [query["sql"] for query in polled]
+
+    AdaptationJob.objects.filter(pk=job.pk).update(status="succeeded")
+    assert client.get(f"/jobs/{job.pk}/progress/").json()["headline"] == ""  # the outcome lines say it now

@@ -5,7 +5,6 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.db.models import Case, JSONField, When
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
@@ -18,7 +17,7 @@ from ..models import AdaptationJob, Cluster, StageRun
 from ..pagination import IndexedPaginator
 from . import services
 from .forms import JobForm
-from .outcomes import outcome
+from .outcomes import live_outcomes, outcome
 
 
 def job_table_rows(jobs):
@@ -90,14 +89,13 @@ def stage_page(job: AdaptationJob, run: StageRun) -> str | None:
 
 def job_progress_payload(job: AdaptationJob, runs: list[StageRun] | None = None) -> dict:
     """What the job's page shows and polls. ``runs``: the job's stage runs in order, with their results, where the
-    caller has read them already (the page); else they are read here in one query, with the result only of the runs
-    that succeeded (what their outcome line reads): a running stage's partial result is never decoded on a poll."""
+    caller has read them already (the page); else they are read here without their results, which can be large
+    (an outcome line reads its run's result once: ``live_outcomes``)."""
     if runs is None:
-        runs = list(StageRun.objects.filter(job=job).order_by("id").defer("result").annotate(
-            succeeded_result=Case(When(status=JobStatus.SUCCEEDED, then="result"), default=None,
-                                  output_field=JSONField())))
-        for run in runs:
-            run.result = run.succeeded_result
+        runs = list(StageRun.objects.filter(job=job).order_by("id").defer("result"))
+        outcomes = live_outcomes(runs)
+    else:
+        outcomes = [outcome(run) for run in runs]
     return {
         "id": job.pk,
         "status": job.status,
@@ -118,15 +116,15 @@ def job_progress_payload(job: AdaptationJob, runs: list[StageRun] | None = None)
         # While the job runs, its page leads with what it is doing now and what each stage found so far: a stage
         # that ended has its outcome line as soon as it ends, not when the whole job does.
         "headline": headline(job, runs),
-        "outcomes": [outcome(run) for run in runs],
+        "outcomes": outcomes,
     }
 
 
 def headline(job: AdaptationJob, runs: list[StageRun]) -> str:
     """One line for the top of a job's page: the stages running now, how far along each is and its latest message;
-    while no stage runs, what the job waits for; once it has ended, its status."""
+    while no stage runs, what the job waits for; none once it has ended (its status and outcome lines say it)."""
     if job.is_terminal:
-        return job.get_status_display()
+        return ""
     running = [run for run in runs if run.status == JobStatus.RUNNING]
     if running:
         return "; ".join(

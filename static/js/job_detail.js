@@ -42,7 +42,9 @@
     document.getElementById("job-log").textContent = job.log;
     // The headline and the outcome lines follow the job while it runs: the running stage, and each ended stage's
     // outcome as soon as it ends (the page never leads with a stage that finished long ago).
-    document.getElementById("job-headline").textContent = job.headline;
+    var headline = document.getElementById("job-headline");
+    headline.textContent = job.headline;
+    headline.hidden = !job.headline;
     var rows = document.getElementById("stage-rows");
     rows.replaceChildren();
     job.stage_runs.forEach(function (run) {

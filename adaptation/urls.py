@@ -2,6 +2,7 @@
 
 from django.urls import path
 
+from . import reports
 from .clusters import pages as clusters
 from .coverage import pages as coverage
 from .intake import pages as intake
@@ -35,6 +36,7 @@ urlpatterns = [
     path("jobs/<int:pk>/cancel/", jobs.job_cancel, name="job-cancel"),
     path("jobs/<int:pk>/retry/", jobs.job_retry, name="job-retry"),
     path("account/token/", teams.api_token, name="api-token-page"),
+    path("reports/", reports.report_index, name="report-index"),
     path("sweeps/compare/", sweeps.compare_page, name="sweep-compare"),
     path("sweeps/<int:pk>/", sweeps.report_page, name="sweep-report"),
     path("sweeps/<int:pk>/report.html", sweeps.report_html, name="sweep-report-html"),

@@ -218,6 +218,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # The job-submit example names the caller's own cluster and model (adaptation/api/schema.py).
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "adaptation.api.schema.job_example_for_the_caller"],
     "ENUM_NAME_OVERRIDES": {
         "InterconnectKindEnum": "adaptation.choices.InterconnectKind",
         "DeviceKindEnum": "adaptation.choices.DeviceKind",

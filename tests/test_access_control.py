@@ -70,7 +70,7 @@ PAGES_DETAIL = ["/clusters/{cluster}/", "/clusters/{cluster}/topology/", "/model
                 "/sweeps/{sweep}/", "/sweeps/{sweep}/report.html", "/sweeps/{sweep}/trials.csv",
                 "/endpoints/reports/{endpoint_report}/", "/endpoints/reports/{endpoint_report}/report.json"]
 PAGES = ["/", "/clusters/", "/models/", "/models/new/", "/models/catalog/", "/jobs/", "/jobs/new/", "/account/token/",
-         "/coverage/", "/coverage/diff/", "/sweeps/compare/", "/endpoints/", "/api/docs/",
+         "/coverage/", "/coverage/diff/", "/sweeps/compare/", "/endpoints/", "/reports/", "/api/docs/",
          "/api/schema/"]
 
 

@@ -1,7 +1,9 @@
 """The job page leads with what each stage found: a headline per stage run, and its warnings (a proxy sweep says it
 is one; a sweep with a trial over its ceiling says the ceiling is suspect)."""
 
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from adaptation.models import StageRun
 
@@ -80,3 +82,40 @@ def test_the_admin_keeps_a_cluster_with_an_active_job(admin_client, cluster, job
     from adaptation.models import Cluster
 
     assert Cluster.objects.filter(pk=cluster.pk).exists()
+
+
+def test_the_progress_json_leads_with_the_running_stage_and_the_outcomes_so_far(member, job, node):
+    """A running job's poll carries each ended stage's outcome and a headline on the stage running now (it once
+    carried no outcome until the job ended, so the page led with "running env_probe" while the sweep ran)."""
+    from adaptation.models import AdaptationJob
+
+    job.stages = ["env_probe", "sweep"]
+    job.save(update_fields=["stages"])
+    AdaptationJob.objects.filter(pk=job.pk).update(status="running")
+    client = Client()
+    client.force_login(member)
+    probe = job.stage_runs.get()
+    probe.start()
+    StageRun.objects.filter(pk=probe.pk).update(progress=0.4, message="probing devices")
+    live = client.get(f"/jobs/{job.pk}/progress/").json()
+    assert live["terminal"] is False
+    assert live["headline"] == "Running env_probe on gpu-01: 40% (probing devices)"
+    assert [(item["kind"], item["status"]) for item in live["outcomes"]] == [("env_probe", "running")]
+
+    probe.finish(result={"devices": [{"kind": "cpu", "name": "EPYC"}]})
+    sweep = StageRun.objects.create(job=job, kind="sweep", node=node, node_name=node.hostname)
+    sweep.start()
+    StageRun.objects.filter(pk=sweep.pk).update(progress=0.77, message="trial 7 of 9",
+                                                result={"partial": "never decoded on a poll"})
+    live = client.get(f"/jobs/{job.pk}/progress/").json()
+    assert live["headline"] == "Running sweep on gpu-01: 77% (trial 7 of 9)"
+    assert [(item["kind"], item["status"], item["summary"]) for item in live["outcomes"]] == [
+        ("env_probe", "succeeded", "1 device(s): EPYC"), ("sweep", "running", "trial 7 of 9")]
+    assert live["pending_stages"] == []
+    # The ended stage's outcome was worked out once: later polls read no result (a sweep's can be 500 KB).
+    with CaptureQueriesContext(connection) as polled:
+        assert client.get(f"/jobs/{job.pk}/progress/").json()["outcomes"] == live["outcomes"]
+    assert not any('"result"' in query["sql"] for query in polled), [query["sql"] for query in polled]
+
+    AdaptationJob.objects.filter(pk=job.pk).update(status="succeeded")
+    assert client.get(f"/jobs/{job.pk}/progress/").json()["headline"] == ""  # the outcome lines say it now

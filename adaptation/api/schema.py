@@ -69,3 +69,25 @@ class D0AutoSchema(AutoSchema):
         if self.method == "DELETE":
             errors[409] = CONFLICT
         return errors
+
+
+def job_example_for_the_caller(result, generator, request, public):
+    """A drf-spectacular postprocessing hook: the job-submit example names a cluster of the caller's teams and a
+    model of that cluster's team, so posting it as it stands from the docs page submits a job (its static ids,
+    1 and 1, name another team's rows or none). Served without a signed-in user, the example keeps them."""
+    from ..jobs.api import JOB_EXAMPLE_NAME
+    from ..models import Cluster, ModelSpec
+
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        return result
+    cluster = Cluster.objects.for_user(user).order_by("id").only("id", "team_id").first()
+    model = cluster and ModelSpec.objects.filter(team_id=cluster.team_id).order_by("id").only("id").first()
+    if cluster is None or model is None:
+        return result
+    operation = result.get("paths", {}).get("/api/jobs/", {}).get("post", {})
+    for media in operation.get("requestBody", {}).get("content", {}).values():
+        example = media.get("examples", {}).get(JOB_EXAMPLE_NAME)
+        if example is not None:
+            example["value"] = {**example["value"], "cluster": cluster.pk, "model": model.pk}
+    return result

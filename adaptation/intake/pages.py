@@ -118,4 +118,5 @@ def model_create(request):
         spec.save()
         messages.success(request, f"Model {spec.name} added ({spec.architecture or 'architecture not declared'}).")
         return redirect("model-detail", pk=spec.pk)
-    return render(request, "adaptation/form.html", {"form": form, "title": "Add a model", "multipart": True})
+    return render(request, "adaptation/form.html", {"form": form, "title": "Add a model", "multipart": True,
+                                                       "busy": "Uploading and analysing…"})

@@ -1,7 +1,7 @@
 """Jobs and their stage runs: ``/api/jobs/`` (submit; ``cancel`` and ``retry`` actions) and ``/api/stage-runs/``."""
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from drf_spectacular.utils import extend_schema, extend_schema_field
+from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -86,6 +86,22 @@ class JobDetailSerializer(JobSerializer):
         read_only_fields = [*JobSerializer.Meta.read_only_fields, "error_traceback", "log"]
 
 
+# The job the docs page offers to submit: a valid one as it stands. Its cluster and model are the caller's own where
+# the schema is served to a signed-in user (adaptation/api/schema.py, a postprocessing hook); 1 and 1 elsewhere.
+JOB_EXAMPLE_NAME = "CheckAndTrace"
+JOB_EXAMPLE = {
+    "cluster": 1,
+    "model": 1,
+    "stages": ["env_check", "op_coverage"],
+    "parameters": {"env_check": {"measure_seconds": 1.0}, "op_coverage": {"dtypes": ["bf16"], "decode_steps": 3}},
+}
+
+
+@extend_schema_view(create=extend_schema(examples=[OpenApiExample(
+    JOB_EXAMPLE_NAME, value=JOB_EXAMPLE, request_only=True,
+    summary="Check the cluster's nodes, then trace the model's operators",
+    description="A job that runs as it stands: its cluster and model are the first of your teams' (1 and 1 where "
+                "you have none yet: add a cluster and a model first).")]))
 class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
     """Adaptation jobs. Submitting saves the job and enqueues it; ``cancel`` and ``retry`` are POST actions."""
 

@@ -11,13 +11,13 @@ from django.views.decorators.http import require_POST
 
 
 from .. import stages as handlers
-from ..choices import ACTIVE_STATUSES, STATUS_COLOURS
+from ..choices import ACTIVE_STATUSES, STATUS_COLOURS, JobStatus
 from ..filtersets import JobFilterSet
 from ..models import AdaptationJob, Cluster, StageRun
 from ..pagination import IndexedPaginator
 from . import services
 from .forms import JobForm
-from .outcomes import outcome
+from .outcomes import live_outcomes, outcome
 
 
 def job_table_rows(jobs):
@@ -89,11 +89,13 @@ def stage_page(job: AdaptationJob, run: StageRun) -> str | None:
 
 def job_progress_payload(job: AdaptationJob, runs: list[StageRun] | None = None) -> dict:
     """What the job's page shows and polls. ``runs``: the job's stage runs in order, with their results, where the
-    caller has read them already (the page); else they are read here, with their results only once the job has
-    ended (the live polls skip the results, which can be large)."""
+    caller has read them already (the page); else they are read here without their results, which can be large
+    (an outcome line reads its run's result once: ``live_outcomes``)."""
     if runs is None:
-        runs = StageRun.objects.filter(job=job).order_by("id")
-        runs = list(runs if job.is_terminal else runs.defer("result"))
+        runs = list(StageRun.objects.filter(job=job).order_by("id").defer("result"))
+        outcomes = live_outcomes(runs)
+    else:
+        outcomes = [outcome(run) for run in runs]
     return {
         "id": job.pk,
         "status": job.status,
@@ -111,8 +113,28 @@ def job_progress_payload(job: AdaptationJob, runs: list[StageRun] | None = None)
         ],
         # The job's stages no node has started yet (dispatched one after another), so the page lists what is left.
         "pending_stages": pending_stages(job, runs),
-        "outcomes": [outcome(run) for run in runs] if job.is_terminal else None,
+        # While the job runs, its page leads with what it is doing now and what each stage found so far: a stage
+        # that ended has its outcome line as soon as it ends, not when the whole job does.
+        "headline": headline(job, runs),
+        "outcomes": outcomes,
     }
+
+
+def headline(job: AdaptationJob, runs: list[StageRun]) -> str:
+    """One line for the top of a job's page: the stages running now, how far along each is and its latest message;
+    while no stage runs, what the job waits for; none once it has ended (its status and outcome lines say it)."""
+    if job.is_terminal:
+        return ""
+    running = [run for run in runs if run.status == JobStatus.RUNNING]
+    if running:
+        return "; ".join(
+            f"Running {run.kind} on {run.node_name or 'a node'}: {round(run.progress * 100)}%"
+            + (f" ({run.message})" if run.message else "") for run in running)
+    queued = [run for run in runs if run.status == JobStatus.QUEUED]
+    if queued:
+        return "; ".join(f"{run.kind} queued on {run.node_name or 'a node'}" for run in queued)
+    waiting = pending_stages(job, runs)
+    return f"Waiting to start {waiting[0]}" if waiting else job.get_status_display()
 
 
 def _iso(moment) -> str | None:

@@ -6,6 +6,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from ..choices import DeviceKind, InterconnectKind, NodeStatus
+from .names import slug_name_field
 from .teams import Team, TeamOwnedQuerySet
 
 
@@ -20,7 +21,7 @@ class ClusterQuerySet(TeamOwnedQuerySet):
 
 class Cluster(models.Model):
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="clusters")
-    name = models.SlugField(max_length=63, help_text="Letters, digits, - and _. Nodes join as <team>/<name>.")
+    name = slug_name_field(63, "Nodes join as <team>/<name>.")
     description = models.TextField(blank=True)
     expected_devices_per_node = models.PositiveIntegerField(default=1)
     interconnect = models.CharField(max_length=16, choices=InterconnectKind.choices, default=InterconnectKind.UNKNOWN)

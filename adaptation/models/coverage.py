@@ -7,6 +7,7 @@ from django.db import models
 from .clusters import Node
 from .jobs import AdaptationJob, StageRun
 from .specs import ModelSpec
+from .names import slug_name_field
 from .teams import Team, TeamOwnedQuerySet
 
 
@@ -15,7 +16,7 @@ class VirtualBackend(models.Model):
     implements; coverage is computed against the list, tracing on a node's CPU."""
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="virtual_backends")
-    name = models.SlugField(max_length=63)
+    name = slug_name_field(63, "Coverage names it virtual:<name>.")
     description = models.TextField(blank=True)
     operators = models.JSONField(help_text="aten operator names, e.g. aten::mm, aten::topk.default")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,

@@ -5,12 +5,13 @@ nothing returns it; the control plane decrypts it only to put it in the dispatch
 from django.conf import settings
 from django.db import models
 
+from .names import slug_name_field
 from .teams import Team, TeamOwnedQuerySet
 
 
 class ServingEndpoint(models.Model):
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="serving_endpoints")
-    name = models.SlugField(max_length=63)
+    name = slug_name_field(63, "Its reports and benchmarks are listed under it.")
     # Not a URLField: its validator refuses single-label hosts (gpu-node-3, a Kubernetes service), common here.
     base_url = models.CharField(max_length=500, help_text="The server's base URL, without /v1: http://host:8000")
     served_model = models.CharField(max_length=200, help_text="The model name the endpoint serves (its --served-"

@@ -2,6 +2,7 @@ from django.conf import settings
 from django.db import models
 
 from ..choices import TeamRole
+from .names import slug_name_field
 
 
 def team_ids_of(user) -> tuple[int, ...]:
@@ -33,7 +34,7 @@ class Team(models.Model):
     """Everything in d0 belongs to a team and is invisible to other teams."""
 
     name = models.CharField(max_length=100, unique=True)
-    slug = models.SlugField(max_length=100, unique=True, help_text="Used in node join names: <team>/<cluster>.")
+    slug = slug_name_field(100, "Used in node join names: <team>/<cluster>.", unique=True)
     created = models.DateTimeField(auto_now_add=True)
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, through="Membership", related_name="teams")
 

@@ -40,6 +40,11 @@
     error.textContent = job.error;
     error.hidden = !job.error;
     document.getElementById("job-log").textContent = job.log;
+    // The headline and the outcome lines follow the job while it runs: the running stage, and each ended stage's
+    // outcome as soon as it ends (the page never leads with a stage that finished long ago).
+    var headline = document.getElementById("job-headline");
+    headline.textContent = job.headline;
+    headline.hidden = !job.headline;
     var rows = document.getElementById("stage-rows");
     rows.replaceChildren();
     job.stage_runs.forEach(function (run) {
@@ -78,7 +83,7 @@
       ["", "—", "—", "—", "waits for the stages before it"].forEach(function (text) { cell(row, text); });
       rows.appendChild(row);
     });
-    if (job.outcomes) { renderOutcomes(job.outcomes); }
+    renderOutcomes(job.outcomes || []);
     var cancel = document.getElementById("cancel-form");
     if (cancel) { cancel.hidden = job.terminal; }
     document.getElementById("retry-form").hidden = !job.terminal;
@@ -93,6 +98,7 @@
       document.getElementById("job-error").after(list);
     }
     list.replaceChildren();
+    list.hidden = outcomes.length === 0;
     outcomes.forEach(function (item) {
       var entry = document.createElement("li");
       var badge = document.createElement("span");

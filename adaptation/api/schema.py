@@ -71,11 +71,14 @@ class D0AutoSchema(AutoSchema):
         return errors
 
 
+# The name of the job-submit example (declared on the jobs API, which imports this module, so the name lives here).
+JOB_EXAMPLE_NAME = "CheckAndTrace"
+
+
 def job_example_for_the_caller(result, generator, request, public):
     """A drf-spectacular postprocessing hook: the job-submit example names a cluster of the caller's teams and a
     model of that cluster's team, so posting it as it stands from the docs page submits a job (its static ids,
     1 and 1, name another team's rows or none). Served without a signed-in user, the example keeps them."""
-    from ..jobs.api import JOB_EXAMPLE_NAME
     from ..models import Cluster, ModelSpec
 
     user = getattr(request, "user", None)

@@ -11,7 +11,7 @@ from workers.engine.stages import parameters_json_schema
 from .. import filtersets
 from ..api.base import TeamScopedRelatedField, TeamScopedViewSet
 from ..api.errors import as_drf_validation_error
-from ..api.schema import CONFLICT
+from ..api.schema import CONFLICT, JOB_EXAMPLE_NAME
 from .. import stages as handlers
 from ..models import AdaptationJob, Cluster, ModelSpec, StageRun
 from ..pagination import IndexedPageNumberPagination
@@ -88,7 +88,6 @@ class JobDetailSerializer(JobSerializer):
 
 # The job the docs page offers to submit: a valid one as it stands. Its cluster and model are the caller's own where
 # the schema is served to a signed-in user (adaptation/api/schema.py, a postprocessing hook); 1 and 1 elsewhere.
-JOB_EXAMPLE_NAME = "CheckAndTrace"
 JOB_EXAMPLE = {
     "cluster": 1,
     "model": 1,

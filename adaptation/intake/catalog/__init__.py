@@ -74,5 +74,9 @@ CATALOG = [
     CatalogEntry("nemotron-h-56b-base-8k", "Nemotron-H-56B-Base-8K", "nvidia/Nemotron-H-56B-Base-8K", None, None,
                  "Mamba2 + attention hybrid"),
     CatalogEntry("glm-4.7", "GLM-4.7", "zai-org/GLM-4.7", None, None, "stand-in for GLM-4.5 (355B / 32B)"),
+    CatalogEntry("kimi-linear-48b-a3b-instruct", "Kimi-Linear-48B-A3B-Instruct",
+                 "moonshotai/Kimi-Linear-48B-A3B-Instruct", 48 * B, 3 * B, "KDA linear attention + MLA layers"),
+    CatalogEntry("hunyuan-a13b-instruct", "Hunyuan-A13B-Instruct", "tencent/Hunyuan-A13B-Instruct", 80 * B, 13 * B,
+                 "per-layer shared experts and top-k lists"),
 ]
 BY_SLUG = {entry.slug: entry for entry in CATALOG}

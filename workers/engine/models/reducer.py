@@ -59,10 +59,12 @@ class Reduction:
     layer_kinds: list[dict]
     invariants: list[str]
     notes: list[str] = field(default_factory=list)
+    # The kinds of the one layer description (``layers.layer_layout``) the reduced model keeps, e.g. "mla + moe".
+    layout_kinds: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {"full_layers": self.full_layers, "layers": self.layers, "layer_kinds": self.layer_kinds,
-                "invariants": self.invariants, "notes": self.notes}
+                "layout_kinds": self.layout_kinds, "invariants": self.invariants, "notes": self.notes}
 
 
 def decoder_layers(model) -> torch.nn.ModuleList:
@@ -103,6 +105,25 @@ def layer_kinds(model) -> list[tuple[int, tuple[str, ...]]]:
     return [(index, signature) for signature, index in first.items()]
 
 
+def layout_kinds(config: dict, transformers_config) -> dict[tuple[str, str, str], int]:
+    """Each distinct (mixer, window, ffn) of the config's layer description (``layers.layer_layout``) with the
+    index of its first layer. The module classes cannot tell apart what only the config sets per layer (which
+    layers a class builds as linear attention, which carry experts), so the reducer keeps both kinds."""
+    from .config_loading import ConfigView
+    from .layers import layer_layout
+
+    layout = layer_layout(ConfigView(config), getattr(transformers_config, "layer_types", None))
+    first: dict[tuple[str, str, str], int] = {}
+    for index, kind in enumerate(layout.layers):
+        first.setdefault((kind.mixer, kind.window, kind.ffn), index)
+    return first
+
+
+def _kind_text(kind: tuple[str, str, str]) -> str:
+    mixer, window, ffn = kind
+    return f"{mixer if window == 'full' else f'{window} {mixer}'} + {ffn}"
+
+
 def describe_kind(index: int, signature: tuple[str, ...]) -> dict:
     layer_type = next((part.split("=", 1)[1] for part in signature if part.startswith("layer_type=")), None)
     classes = sorted({part.split(":", 1)[1] for part in signature if ":" in part and "=" not in part})
@@ -132,7 +153,14 @@ def _int_attribute(full, key: str) -> int | None:
 
 def _set(reduced: dict, full, key: str, value) -> None:
     """Set ``key`` under the name the config class stores it (DBRX keeps ``hidden_size`` as ``d_model``)."""
-    reduced[getattr(full, "attribute_map", {}).get(key, key)] = value
+    attribute_map = getattr(full, "attribute_map", {})
+    name = attribute_map.get(key, key)
+    reduced[name] = value
+    # A dict that spells the attribute both ways (Qwen3-MoE stores num_experts as num_local_experts) keeps one
+    # value: the layer description reads the dict and refuses two spellings that disagree.
+    for alias, target in attribute_map.items():
+        if target == name and alias in reduced:
+            reduced[alias] = value
 
 
 def _with_subconfigs(reduced: dict, full) -> list[tuple[dict, object]]:
@@ -196,6 +224,10 @@ def _reduce_widths(reduced: dict, full, *, keep_latent_ranks: bool = False) -> N
     for key, rank in LOW_RANK.items():
         if _int_attribute(full, key) and not keep_latent_ranks:
             reduced[key] = rank
+    linear = reduced.get("linear_attn_config")
+    if isinstance(linear, dict) and isinstance(linear.get("num_heads"), int):
+        # Kimi-Linear's KDA heads keep their head dim; 4 heads still split over tp 2 and 4.
+        linear["num_heads"] = min(linear["num_heads"], 4)
     if _int_attribute(full, "mamba_dt_rank"):
         reduced["mamba_dt_rank"] = 8
     if _int_attribute(full, "mamba_num_heads"):
@@ -224,13 +256,65 @@ def _cap(reduced: dict, full, keys: tuple[str, ...], most: int) -> None:
             _set(reduced, full, key, min(value, most))
 
 
-def _cut_layers(reduced: dict, full, layers: int, full_layers: int) -> None:
+# Index lists that count layers from 1, as the release's own code and vLLM read them (Kimi-Linear's
+# ``layer_idx + 1 in kda_layers``), for a list that shows neither a 0 nor the last layer's number.
+ONE_BASED_INDEX_KEYS = ("full_attn_layers", "kda_layers")
+# Sections whose lists are never per-layer (rope's long/short factors have head_dim / 2 entries, which can equal
+# the layer count).
+NOT_LAYER_SECTIONS = ("rope_scaling", "rope_parameters", "quantization_config")
+
+
+def _is_index_list(key: str, value) -> bool:
+    """``*_layers`` lists of distinct integers (``moe_layers``, ``linear_attn_config.full_attn_layers``); Llama-4's
+    ``no_rope_layers`` holds one 0/1 flag per layer instead, which repeats values."""
+    return (key.endswith("_layers") and isinstance(value, list)
+            and all(isinstance(item, int) and not isinstance(item, bool) for item in value)
+            and len(set(value)) == len(value))
+
+
+def _index_base(section: dict, full_layers: int) -> int | None:
+    """Whether a section's index lists count layers from 0 or from 1, read from the lists together (Kimi-Linear's
+    ``kda_layers`` alone shows neither a 0 nor a 27; its sibling ``full_attn_layers`` ends at 27); None when they
+    contradict each other or name a layer the model does not have."""
+    lists = {key: value for key, value in section.items() if _is_index_list(key, value)}
+    numbers = {item for value in lists.values() for item in value}
+    if not numbers:
+        return 0
+    if min(numbers) < 0 or max(numbers) > full_layers or (0 in numbers and full_layers in numbers):
+        return None
+    if 0 in numbers:
+        return 0
+    if full_layers in numbers or any(key in ONE_BASED_INDEX_KEYS for key in lists):
+        return 1
+    return 0
+
+
+def _keep_layers(section: dict, kept: list[int], full_layers: int, notes: list[str], prefix: str = "") -> None:
+    """Keep only the layers ``kept`` (full-model indices, in order) in every per-layer key of ``section`` and its
+    nested sections: index lists are remapped to the reduced depth in their own base, lists and strings with one
+    entry per layer are sliced alike. Index lists that name layers the model does not have go into ``notes``."""
+    position = {index: new for new, index in enumerate(kept)}
+    base = _index_base(section, full_layers)
+    for key, value in list(section.items()):
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and key not in NOT_LAYER_SECTIONS:
+            _keep_layers(value, kept, full_layers, notes, f"{name}.")
+        elif _is_index_list(key, value):
+            if base is None:
+                notes.append(f"{name} {value} not remapped: not layer indices of a {full_layers}-layer model")
+                continue
+            section[key] = [position[index - base] + base for index in value if index - base in position]
+        elif isinstance(value, list | str) and len(value) == full_layers and key not in TOKEN_ID_KEYS \
+                and key not in NOT_LAYER_SECTIONS:
+            picked = [value[index] for index in kept]
+            section[key] = "".join(picked) if isinstance(value, str) else picked
+
+
+def _cut_layers(reduced: dict, full, layers: int, full_layers: int, notes: list[str]) -> None:
+    """The first ``layers`` layers: interval and period patterns (``decoder_sparse_step``, ``attn_layer_period``,
+    ``first_k_dense_replace``) read the same on a prefix, so only per-layer keys change."""
     _set(reduced, full, "num_hidden_layers", layers)
-    for key, value in list(reduced.items()):
-        if key in LAYER_INDEX_KEYS and isinstance(value, list):
-            reduced[key] = [index for index in value if index < layers]
-        elif isinstance(value, list | str) and len(value) == full_layers and key not in TOKEN_ID_KEYS:
-            reduced[key] = value[:layers]
+    _keep_layers(reduced, list(range(layers)), full_layers, notes)
 
 
 def _invariants(full, reduced) -> tuple[list[str], list[str]]:
@@ -244,8 +328,8 @@ def _invariants(full, reduced) -> tuple[list[str], list[str]]:
          reduced.num_attention_heads % (getattr(reduced, "num_key_value_heads", None) or 1) == 0)
     if getattr(full, "head_dim", None) is not None:
         rule("head_dim unchanged", reduced.head_dim == full.head_dim)
-    if getattr(full, "qk_rope_head_dim", None) is not None:
-        # transformers' DeepSeek-V3 derives head_dim from the rope part of MLA.
+    if getattr(full, "qk_rope_head_dim", None) is not None and full.head_dim == full.qk_rope_head_dim:
+        # transformers' DeepSeek-V3 derives head_dim from the rope part of MLA (Kimi-Linear's keeps its own).
         rule("head_dim == qk_rope_head_dim", reduced.head_dim == reduced.qk_rope_head_dim)
     experts = next((getattr(reduced, key) for key in EXPERT_COUNT_KEYS if isinstance(getattr(reduced, key, None), int)),
                    None)
@@ -336,6 +420,7 @@ def reduce_config(config: dict, full_model=None, *, keep_latent_ranks: bool = Fa
         full_model = build_meta_model(full)
     full_layers = full.num_hidden_layers
     full_kinds = layer_kinds(full_model)
+    full_layout = layout_kinds(text_config_dict(config), full)
 
     reduced = {key: value for key, value in copy.deepcopy(text_config_dict(config)).items()
                if key not in IGNORED_KEYS}
@@ -362,13 +447,19 @@ def reduce_config(config: dict, full_model=None, *, keep_latent_ranks: bool = Fa
     for candidate, depth in ([shortened] if shortened else []) + [(reduced, None)]:
         if depth is None:
             # Tiny widths at full depth show where each layer kind first appears once the dense prefix is shortened.
-            tiny_full_depth = build_meta_model(load_config(candidate))
-            depth = max(index for index, _ in layer_kinds(tiny_full_depth)) + 1
+            tiny_config = load_config(candidate)
+            tiny_full_depth = build_meta_model(tiny_config)
+            depth = max(max(index for index, _ in layer_kinds(tiny_full_depth)),
+                        max(layout_kinds(candidate, causal_lm_config(tiny_config)).values())) + 1
         cut = copy.deepcopy(candidate)
-        _cut_layers(cut, full, depth, full_layers)
+        cut_notes: list[str] = []
+        _cut_layers(cut, full, depth, full_layers, cut_notes)
         reduced_config = causal_lm_config(load_config(cut))
         reduced_kinds = layer_kinds(build_meta_model(reduced_config))
-        if {signature for _, signature in reduced_kinds} == full_signatures:
+        reduced_layout = layout_kinds(cut, reduced_config)
+        if {signature for _, signature in reduced_kinds} == full_signatures and reduced_layout.keys() == \
+                full_layout.keys():
+            notes += cut_notes
             if candidate is not reduced:
                 notes.append("layer periods shortened: " + ", ".join(
                     f"{key} {reduced[key]} -> {candidate[key]}" for key in sorted(candidate)
@@ -376,8 +467,10 @@ def reduce_config(config: dict, full_model=None, *, keep_latent_ranks: bool = Fa
             reduced, layers = cut, depth
             break
     else:
+        lost = [_kind_text(kind) for kind in full_layout if kind not in reduced_layout]
         raise ValueError(f"the reduced {config.get('model_type')} lost a layer kind: "
-                         f"{len(reduced_kinds)} kinds instead of {len(full_kinds)}")
+                         + (f"no {', '.join(lost)} layer" if lost else
+                            f"{len(reduced_kinds)} module kinds instead of {len(full_kinds)}"))
     checked, broken = _invariants(full, reduced_config)
     if broken:
         raise ValueError(f"the reduced {config.get('model_type')} breaks {', '.join(broken)}")
@@ -385,7 +478,7 @@ def reduce_config(config: dict, full_model=None, *, keep_latent_ranks: bool = Fa
         notes.append(f"{full_layers} layers -> {layers}")
     return Reduction(config=reduced, full_layers=full_layers, layers=layers,
                      layer_kinds=[describe_kind(index, signature) for index, signature in full_kinds],
-                     invariants=checked, notes=notes)
+                     invariants=checked, notes=notes, layout_kinds=[_kind_text(kind) for kind in full_layout])
 
 
 def parameter_count(model) -> int:

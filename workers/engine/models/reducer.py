@@ -272,19 +272,15 @@ def _is_index_list(key: str, value) -> bool:
             and len(set(value)) == len(value))
 
 
-def _index_base(section: dict, full_layers: int) -> int | None:
+def _index_base(section: dict, full_layers: int) -> int:
     """Whether a section's index lists count layers from 0 or from 1, read from the lists together (Kimi-Linear's
-    ``kda_layers`` alone shows neither a 0 nor a 27; its sibling ``full_attn_layers`` ends at 27); None when they
-    contradict each other or name a layer the model does not have."""
-    lists = {key: value for key, value in section.items() if _is_index_list(key, value)}
-    numbers = {item for value in lists.values() for item in value}
-    if not numbers:
-        return 0
-    if min(numbers) < 0 or max(numbers) > full_layers or (0 in numbers and full_layers in numbers):
-        return None
+    ``kda_layers`` alone shows neither a 0 nor a 27; its sibling ``full_attn_layers`` ends at 27)."""
+    numbers = {item for key, value in section.items() if _is_index_list(key, value)
+               and all(0 <= item <= full_layers for item in value) for item in value}
     if 0 in numbers:
         return 0
-    if full_layers in numbers or any(key in ONE_BASED_INDEX_KEYS for key in lists):
+    if full_layers in numbers or any(_is_index_list(key, value) for key, value in section.items()
+                                     if key in ONE_BASED_INDEX_KEYS):
         return 1
     return 0
 
@@ -300,7 +296,7 @@ def _keep_layers(section: dict, kept: list[int], full_layers: int, notes: list[s
         if isinstance(value, dict) and key not in NOT_LAYER_SECTIONS:
             _keep_layers(value, kept, full_layers, notes, f"{name}.")
         elif _is_index_list(key, value):
-            if base is None:
+            if not all(base <= index < full_layers + base for index in value):
                 notes.append(f"{name} {value} not remapped: not layer indices of a {full_layers}-layer model")
                 continue
             section[key] = [position[index - base] + base for index in value if index - base in position]

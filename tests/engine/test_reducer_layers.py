@@ -1,0 +1,130 @@
+"""The reducer on every form a config gives its layer pattern in: the reduced config must build, keep every layer
+kind of the full model and name the same layers in each per-layer key, remapped to the reduced depth."""
+
+import copy
+import json
+
+import pytest
+
+from workers.engine.analysis import analyze
+from workers.engine.models import build_meta_model, load_config, reduce_config
+from workers.engine.models.generic_decoder import UnbuildableLayers
+from workers.engine.models.loading import causal_lm_config
+from workers.engine.models.reducer import _keep_layers, layer_kinds
+from workers.engine.sharding import run_sharded
+
+from .conftest import CONFIGS
+
+
+def catalog(name: str) -> dict:
+    return json.loads((CONFIGS / f"{name}.json").read_text())
+
+
+def reduced_and_full(config: dict):
+    """The reduction and both transformers configs; the reduced one built on the meta device, so it is valid."""
+    reduction = reduce_config(config)
+    full, reduced = causal_lm_config(load_config(config)), causal_lm_config(load_config(reduction.config))
+    full_kinds = {signature for _, signature in layer_kinds(build_meta_model(full))}
+    assert {signature for _, signature in layer_kinds(build_meta_model(reduced))} == full_kinds
+    assert reduced.num_hidden_layers == reduction.layers < full.num_hidden_layers
+    return reduction, full, reduced
+
+
+def kinds_by_layer(transformers_config, *keys: str) -> list[tuple]:
+    return list(zip(*(getattr(transformers_config, key) for key in keys), strict=True))
+
+
+def test_kimi_linears_one_based_index_lists_under_linear_attn_config_are_remapped_to_the_reduced_depth():
+    # KDA in layers 1-3, MLA in layer 4 (1-based, as Kimi's code and vLLM read them), dense MLP in layer 1 only.
+    reduction, full, reduced = reduced_and_full(catalog("kimi-linear-48b-a3b-instruct"))
+    assert reduction.layers == 4 and reduction.config["num_hidden_layers"] == 4
+    assert reduction.config["linear_attn_config"]["full_attn_layers"] == [4]
+    assert reduction.config["linear_attn_config"]["kda_layers"] == [1, 2, 3]
+    layers = kinds_by_layer(reduced, "layer_types", "mlp_layer_types")
+    assert layers == kinds_by_layer(full, "layer_types", "mlp_layer_types")[:4]
+    assert set(layers) == set(kinds_by_layer(full, "layer_types", "mlp_layer_types"))
+
+
+def test_a_one_based_list_is_told_from_its_sibling_that_names_the_last_layer():
+    config = catalog("kimi-linear-48b-a3b-instruct")
+    # 12 layers, MLA at 6 and 12: full_attn_layers alone could be 0-based; kda_layers names layer 12 of 12.
+    config.update(num_hidden_layers=12, linear_attn_config={
+        **config["linear_attn_config"], "full_attn_layers": [6, 12],
+        "kda_layers": [1, 2, 3, 4, 5, 7, 8, 9, 10, 11]})
+    reduction, full, reduced = reduced_and_full(config)
+    assert reduction.layers == 6
+    assert reduction.config["linear_attn_config"] == {**config["linear_attn_config"], "num_heads": 4,
+                                                       "full_attn_layers": [6], "kda_layers": [1, 2, 3, 4, 5]}
+    assert reduced.layer_types == full.layer_types[:6]
+
+
+def test_index_lists_keep_their_base_and_per_layer_lists_are_sliced_alike_at_any_depth():
+    section = {"mlp_only_layers": [0, 2, 5], "per_layer_width": [10, 11, 12, 13, 14, 15], "pattern": "M*M-M*",
+               "linear_attn_config": {"full_attn_layers": [3, 6], "kda_layers": [1, 2, 4, 5]},
+               "rope_scaling": {"long_factor": [1.0] * 6}, "odd_layers": [3, 9]}
+    notes = []
+    _keep_layers(section, [0, 1, 2], 6, notes)
+    assert section["mlp_only_layers"] == [0, 2]  # a 0 says 0-based
+    assert section["linear_attn_config"] == {"full_attn_layers": [3], "kda_layers": [1, 2]}  # a 6 of 6: 1-based
+    assert section["per_layer_width"] == [10, 11, 12] and section["pattern"] == "M*M"
+    assert section["rope_scaling"] == {"long_factor": [1.0] * 6}  # head_dim / 2 factors, not one per layer
+    assert section["odd_layers"] == [3, 9]
+    assert notes == ["odd_layers [3, 9] not remapped: not layer indices of a 6-layer model"]
+
+
+def test_a_zero_based_index_list_names_the_same_layers_after_the_cut():
+    config = {**catalog("qwen3-30b-a3b"), "mlp_only_layers": [0, 3, 7]}  # dense layers 0, 3 and 7
+    reduction, full, reduced = reduced_and_full(config)
+    assert reduction.layers == 2 and reduction.config["mlp_only_layers"] == [0]
+    assert [type(layer.mlp).__name__ for layer in build_meta_model(reduced).model.layers] == \
+        ["Qwen3MoeMLP", "Qwen3MoeSparseMoeBlock"]
+
+
+def test_layer_types_are_sliced_with_the_layers():
+    config = {**catalog("qwen3-0.6b"), "sliding_window": 4096, "use_sliding_window": True,
+              "layer_types": ["full_attention" if index % 3 == 0 else "sliding_attention" for index in range(28)]}
+    reduction, full, reduced = reduced_and_full(config)
+    assert reduction.layers == 2
+    assert reduced.layer_types == ["full_attention", "sliding_attention"] == full.layer_types[:2]
+
+
+def test_a_per_layer_list_of_flags_is_sliced_not_read_as_indices():
+    # Llama-4's no_rope_layers ends in _layers but holds one 0/1 flag per layer.
+    config = catalog("llama-4-scout-17b-16e-instruct.partial")
+    reduction, full, reduced = reduced_and_full(config)
+    assert reduced.no_rope_layers == full.no_rope_layers[:reduction.layers]
+    assert set(reduced.no_rope_layers) == set(full.no_rope_layers)
+
+
+def test_the_hybrid_override_pattern_keeps_every_block_kind():
+    config = catalog("nemotron-h-56b-base-8k")
+    reduction, full, reduced = reduced_and_full(config)
+    pattern = config["hybrid_override_pattern"]
+    assert reduction.config["hybrid_override_pattern"] == pattern[:reduction.layers]
+    assert set(reduction.config["hybrid_override_pattern"]) == set(pattern)
+
+
+def test_an_interval_pattern_reads_the_same_on_the_reduced_prefix():
+    config = {**catalog("qwen3-30b-a3b"), "decoder_sparse_step": 2}  # experts in every 2nd layer, from the 2nd
+    reduction, full, reduced = reduced_and_full(config)
+    assert reduction.layers == 2 and reduced.decoder_sparse_step == 2
+    assert "decoder_sparse_step unchanged" in reduction.invariants
+
+
+def test_a_release_without_a_class_whose_layer_kind_d0_cannot_build_is_refused_naming_the_key():
+    config = {**catalog("nemotron-h-56b-base-8k"), "model_type": "nemotron_h_next",
+              "architectures": ["NemotronHNextForCausalLM"]}
+    with pytest.raises(UnbuildableLayers) as refused:
+        reduce_config(config)
+    assert str(refused.value).startswith("layer kind 'mamba2' (hybrid_override_pattern) has no generic "
+                                         "implementation")
+    assert "\n" not in str(refused.value)
+
+
+def test_kimi_linear_goes_from_analysis_through_the_reduction_to_a_sharded_run_that_matches_the_reference():
+    config = catalog("kimi-linear-48b-a3b-instruct")
+    report = analyze(copy.deepcopy(config))
+    assert 40e9 < report["total_params"] < 55e9  # 48B, as the release is named
+    run = run_sharded(config, tp=2, decode_steps=4, device="cpu", timeout_s=240)
+    assert run["correct"], run.get("error")
+    assert run["model_class"] == "KimiLinearForCausalLM" and run["reduction"]["layers"] == 4

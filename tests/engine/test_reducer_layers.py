@@ -128,3 +128,26 @@ def test_kimi_linear_goes_from_analysis_through_the_reduction_to_a_sharded_run_t
     run = run_sharded(config, tp=2, decode_steps=4, device="cpu", timeout_s=240)
     assert run["correct"], run.get("error")
     assert run["model_class"] == "KimiLinearForCausalLM" and run["reduction"]["layers"] == 4
+
+
+FALCON_180B = {  # fused query_key_value with grouped KV heads, spelled num_kv_heads (Falcon-180B's config.json)
+    "alibi": False, "architectures": ["FalconForCausalLM"], "bias": False, "bos_token_id": 11, "eos_token_id": 11,
+    "hidden_size": 14848, "layer_norm_epsilon": 1e-05, "model_type": "falcon", "multi_query": True,
+    "new_decoder_architecture": True, "num_attention_heads": 232, "num_hidden_layers": 80, "num_kv_heads": 8,
+    "parallel_attn": True, "vocab_size": 65024}
+
+
+def test_a_fused_qkv_projection_with_grouped_kv_heads_keeps_its_group_under_the_spelling_its_class_reads():
+    import torch
+
+    from workers.engine.models import build_random_model, reduce_for_layout
+
+    reduction = reduce_config(FALCON_180B)
+    assert reduction.config["num_kv_heads"] == 2 and reduction.config["num_attention_heads"] == 4
+    reduced = causal_lm_config(load_config(reduction.config))
+    model = build_random_model(reduced, dtype=torch.float32, device=torch.device("cpu"))
+    # Query heads plus a key and a value per KV head, each of the release's head dim (14848 / 232 = 64).
+    assert model.transformer.h[0].self_attention.query_key_value.out_features == (4 + 2 * 2) * 64
+    assert model(torch.arange(6).unsqueeze(0)).logits.shape == (1, 6, 512)
+    for_tp2 = reduce_for_layout(FALCON_180B, tp=2).config
+    assert for_tp2["num_kv_heads"] % 2 == 0 and for_tp2["num_attention_heads"] % for_tp2["num_kv_heads"] == 0

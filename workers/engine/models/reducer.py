@@ -36,7 +36,9 @@ SHORT_WINDOW = 4
 LOW_RANK = {"kv_lora_rank": 32, "q_lora_rank": 48}
 EXPERT_COUNT_KEYS = ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts")
 TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_top_k")
-KV_HEAD_KEYS = ("num_key_value_heads", "kv_n_heads")
+# Every spelling of the key/value head count (Falcon's num_kv_heads, ChatGLM's multi_query_group_num, DBRX's
+# attn_config.kv_n_heads), as model intake reads them (``config_loading.KEYS``).
+KV_HEAD_KEYS = ("num_key_value_heads", "kv_n_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num")
 # MLP widths, scaled to small multiples of 32 in the order of their full sizes (0 means "none" and stays 0).
 INTERMEDIATE_KEYS = ("intermediate_size", "moe_intermediate_size", "intermediate_size_mlp",
                      "shared_expert_intermediate_size", "ffn_hidden_size")
@@ -177,19 +179,25 @@ def _with_subconfigs(reduced: dict, full) -> list[tuple[dict, object]]:
 
 def _reduce_heads(reduced: dict, full) -> None:
     heads = full.num_attention_heads
-    kv_heads = getattr(full, "num_key_value_heads", None) or heads
+    kv_heads = next((value for key in KV_HEAD_KEYS if (value := _int_attribute(full, key))), heads)
     group = heads // kv_heads
     # 1 KV head stays MQA; otherwise 2 KV heads, and grouped-query attention keeps a group of 2 (MHA stays MHA).
     reduced_kv = 1 if kv_heads == 1 else 2
     reduced_heads = reduced_kv * min(group, 2)
     _set(reduced, full, "num_attention_heads", reduced_heads)
-    for part, part_full in _with_subconfigs(reduced, full):
-        for key in KV_HEAD_KEYS:
-            if part is reduced or _int_attribute(part_full, key):
-                _set(part, part_full, key, reduced_kv)
-                break
+    _set_kv_heads(reduced, full, reduced_kv)
     # Sized so that hidden_size / heads is the real head dim wherever a config derives head_dim from it.
     _set(reduced, full, "hidden_size", reduced_heads * _full_head_dim(full))
+
+
+def _set_kv_heads(reduced: dict, full, kv_heads: int) -> None:
+    """Set the key/value head count under every spelling the config or its class has. One left at the full count
+    (Falcon's num_kv_heads beside a num_key_value_heads the class ignores) gives the fused QKV projection more KV
+    heads than query heads, and a tensor-parallel run a split of size 0."""
+    for part, part_full in _with_subconfigs(reduced, full):
+        keys = [key for key in KV_HEAD_KEYS if key in part or _int_attribute(part_full, key)]
+        for key in keys or (KV_HEAD_KEYS[:1] if part is reduced else []):
+            _set(part, part_full, key, kv_heads)
 
 
 def _reduce_experts(reduced: dict, full, notes: list[str]) -> None:
@@ -501,11 +509,7 @@ def _scale_heads(reduced: dict, full, factor: int) -> None:
     heads = text.num_attention_heads
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     _set(reduced, full, "num_attention_heads", heads * factor)
-    for part, part_full in _with_subconfigs(reduced, full):
-        for key in KV_HEAD_KEYS:
-            if part is reduced or _int_attribute(part_full, key):
-                _set(part, part_full, key, kv_heads * factor)
-                break
+    _set_kv_heads(reduced, full, kv_heads * factor)
     _set(reduced, full, "hidden_size", heads * factor * _full_head_dim(full))
 
 

@@ -3,6 +3,8 @@ kind of the full model and name the same layers in each per-layer key, remapped 
 
 import copy
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -13,7 +15,7 @@ from workers.engine.models.loading import causal_lm_config
 from workers.engine.models.reducer import _keep_layers, layer_kinds
 from workers.engine.sharding import run_sharded
 
-from .conftest import CONFIGS
+from .conftest import CONFIGS, ROOT
 
 
 def catalog(name: str) -> dict:
@@ -119,6 +121,23 @@ def test_a_release_without_a_class_whose_layer_kind_d0_cannot_build_is_refused_n
     assert str(refused.value).startswith("layer kind 'mamba2' (hybrid_override_pattern) has no generic "
                                          "implementation")
     assert "\n" not in str(refused.value)
+
+
+def test_a_stage_that_needs_a_model_d0_cannot_build_fails_with_that_one_line(tmp_path):
+    # What the node's operator command prints, and what the stage run's error carries (the node sends
+    # "UnbuildableLayers: <message>" for the job's "Stage sharded_run failed on <node>: ...").
+    config = {**catalog("nemotron-h-56b-base-8k"), "model_type": "nemotron_h_next",
+              "architectures": ["NemotronHNextForCausalLM"]}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    done = subprocess.run([sys.executable, "-m", "workers.engine", "shard", str(path), "--tp", "2", "--device",
+                           "cpu", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: layer kind 'mamba2' (hybrid_override_pattern) has no generic implementation: d0 "
+                      "builds a release without a transformers class from softmax attention, MLA and MiniMax's "
+                      "lightning attention with routed experts only"]
+    assert "Traceback" not in done.stderr
 
 
 def test_kimi_linear_goes_from_analysis_through_the_reduction_to_a_sharded_run_that_matches_the_reference():

@@ -63,7 +63,7 @@ def test_a_one_based_list_is_told_from_its_sibling_that_names_the_last_layer():
 def test_index_lists_keep_their_base_and_per_layer_lists_are_sliced_alike_at_any_depth():
     section = {"mlp_only_layers": [0, 2, 5], "per_layer_width": [10, 11, 12, 13, 14, 15], "pattern": "M*M-M*",
                "linear_attn_config": {"full_attn_layers": [3, 6], "kda_layers": [1, 2, 4, 5]},
-               "rope_scaling": {"long_factor": [1.0] * 6}, "odd_layers": [3, 9]}
+               "rope_scaling": {"long_factor": [1.0] * 6}, "odd_layers": [3, 9], "layer_scales": [1.0, 2.0]}
     notes = []
     _keep_layers(section, [0, 1, 2], 6, notes)
     assert section["mlp_only_layers"] == [0, 2]  # a 0 says 0-based
@@ -71,7 +71,8 @@ def test_index_lists_keep_their_base_and_per_layer_lists_are_sliced_alike_at_any
     assert section["per_layer_width"] == [10, 11, 12] and section["pattern"] == "M*M"
     assert section["rope_scaling"] == {"long_factor": [1.0] * 6}  # head_dim / 2 factors, not one per layer
     assert section["odd_layers"] == [3, 9]
-    assert notes == ["odd_layers [3, 9] not remapped: not layer indices of a 6-layer model"]
+    assert notes == ["odd_layers [3, 9] not remapped: not layer indices of a 6-layer model",
+                     "layer_scales (2 entries) not remapped: neither layer indices nor one entry per layer of 6"]
 
 
 def test_a_zero_based_index_list_names_the_same_layers_after_the_cut():

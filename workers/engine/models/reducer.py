@@ -296,7 +296,8 @@ def _index_base(section: dict, full_layers: int) -> int:
 def _keep_layers(section: dict, kept: list[int], full_layers: int, notes: list[str], prefix: str = "") -> None:
     """Keep only the layers ``kept`` (full-model indices, in order) in every per-layer key of ``section`` and its
     nested sections: index lists are remapped to the reduced depth in their own base, lists and strings with one
-    entry per layer are sliced alike. Index lists that name layers the model does not have go into ``notes``."""
+    entry per layer are sliced alike. Layer lists read neither way (indices the model does not have, another
+    length) are left as they are and named in ``notes``."""
     position = {index: new for new, index in enumerate(kept)}
     base = _index_base(section, full_layers)
     for key, value in list(section.items()):
@@ -312,6 +313,9 @@ def _keep_layers(section: dict, kept: list[int], full_layers: int, notes: list[s
                 and key not in NOT_LAYER_SECTIONS:
             picked = [value[index] for index in kept]
             section[key] = "".join(picked) if isinstance(value, str) else picked
+        elif isinstance(value, list) and "layer" in key:
+            notes.append(f"{name} ({len(value)} entries) not remapped: neither layer indices nor one entry per "
+                         f"layer of {full_layers}")
 
 
 def _cut_layers(reduced: dict, full, layers: int, full_layers: int, notes: list[str]) -> None:

@@ -124,6 +124,18 @@ def test_a_release_without_a_class_whose_layer_kind_d0_cannot_build_is_refused_n
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize(("stage", "params"), [("op_coverage", {"compile": False}), ("sharded_run", {"tp": 2}),
+                                               ("sweep", {})])
+def test_each_stage_that_builds_the_model_raises_the_one_line_the_node_reports(stage, params):
+    from workers.engine import stages
+
+    config = {**catalog("nemotron-h-56b-base-8k"), "model_type": "nemotron_h_next",
+              "architectures": ["NemotronHNextForCausalLM"]}
+    with pytest.raises(UnbuildableLayers, match=r"^layer kind 'mamba2' \(hybrid_override_pattern\) has no generic "
+                                                r"implementation: [^\n]*$"):
+        stages.run_stage(stage, {"config": config, **params}, lambda *_: None)
+
+
 def test_a_stage_that_needs_a_model_d0_cannot_build_fails_with_that_one_line(tmp_path):
     # What the node's operator command prints, and what the stage run's error carries (the node sends
     # "UnbuildableLayers: <message>" for the job's "Stage sharded_run failed on <node>: ...").

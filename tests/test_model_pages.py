@@ -189,3 +189,14 @@ def test_the_model_list_shows_sizes_how_each_ships_and_its_coverage(member, team
     assert "671 B" in row and "37.6 B" in row and "<td>fp8</td>" in row and ">93%<" in row
     qwen = page[page.index(">Qwen3-0.6B<"):page.index("</tr>", page.index(">Qwen3-0.6B<"))]
     assert "<td>bfloat16</td>" in qwen and "<td>—</td>" in qwen
+
+
+def test_the_model_page_of_a_linear_attention_hybrid_shows_its_own_kv_bytes_and_recurrent_state(member, team, owner):
+    # Kimi-Linear: 7 MLA layers cache 7 x (512 + 64) x 2 bytes per token; its 20 KDA layers a fixed state.
+    spec, _ = intake.add_from_catalog(team=team, user=owner, slug="kimi-linear-48b-a3b-instruct")
+    client = Client()
+    client.force_login(member)
+    page = client.get(f"/models/{spec.pk}/").content.decode()
+    assert "8,064 bytes" in page
+    assert "Recurrent state (linear attention, KDA, Gated DeltaNet, Mamba)" in page
+    assert f"{20 * (3 * 4096 * 3 * 2 + 32 * 128 * 128 * 4):,} bytes per sequence" in page

@@ -7,6 +7,11 @@ Formulas, per layer (H hidden size, V vocabulary, I FFN width, E experts):
 - MLA (DeepSeek-V2 paper, eq. 9-14): q_a (q_lora, H) + q_b (heads x (nope + rope), q_lora), kv_a (kv_lora + rope,
   H), kv_b (heads x (nope + v), kv_lora), o (H, heads x v); the V3.2 indexer adds wq_b, wk and weights_proj;
 - lightning attention (MiniMax-01 report, section 2.2): qkv (3 x heads x head_dim, H), output gate, output, norm;
+- Kimi Delta Attention (vLLM ``layers/kda.py``): q, k, v (heads x head_dim, H) each with a short convolution, the
+  low-rank decay gate f_a (head_dim, H) / f_b (heads x head_dim, head_dim) and output gate g_a / g_b alike, beta
+  b (heads, H), A_log and dt_bias, a gated RMSNorm and the output (H, heads x head_dim);
+- Gated DeltaNet (Qwen3-Next): in_proj_qkvz (2 x k_heads x k_dim + 2 x v_heads x v_dim, H), in_proj_ba
+  (2 x v_heads, H), a short convolution over q, k and v, A_log, dt_bias, a gated RMSNorm and out (H, v_heads x v_dim);
 - Mamba (Gu & Dao 2023) and Mamba-2 (Dao & Gu 2024) mixers as in their reference implementations;
 - gated FFN (SwiGLU, Shazeer 2020): 3 x H x I; non-gated squared ReLU (Nemotron-4): 2 x H x I;
 - MoE: router (E, H) and E gated experts of width moe_intermediate_size, plus shared experts.
@@ -15,7 +20,7 @@ Formulas, per layer (H hidden size, V vocabulary, I FFN width, E experts):
 from __future__ import annotations
 
 from ..models.config_loading import ConfigError, ConfigView
-from ..models.layers import Layout
+from ..models.layers import Layout, Mlp
 from .parameter_counts import TensorRecord
 
 # Activations used without a gate; everything else is taken as a gated (GLU) FFN, the norm for current LLMs.
@@ -91,6 +96,55 @@ def _linear_attention(view: ConfigView, layer: int) -> list[TensorRecord]:
             _vector(p + "norm", "norms", layer, inner)]
 
 
+def kda_dims(view: ConfigView) -> tuple[int, int, int]:
+    """(heads, head_dim, conv kernel) of Kimi Delta Attention, from linear_attn_config (Kimi-Linear) or the flat
+    linear_* keys transformers' KimiLinearConfig uses."""
+    heads = view.get("linear_attn_config.num_heads", "linear_num_heads") or view.dim("num_heads")
+    head_dim = view.get("linear_attn_config.head_dim", "linear_head_dim") or 128
+    kernel = view.get("linear_attn_config.short_conv_kernel_size", "linear_conv_kernel_dim") or 4
+    return int(heads), int(head_dim), int(kernel)
+
+
+def gdn_dims(view: ConfigView) -> tuple[int, int, int, int, int]:
+    """(key heads, value heads, key head dim, value head dim, conv kernel) of Gated DeltaNet (Qwen3-Next keys)."""
+    k_heads = view.get("linear_num_key_heads") or view.dim("num_heads")
+    v_heads = view.get("linear_num_value_heads") or k_heads
+    k_dim = view.get("linear_key_head_dim") or 128
+    v_dim = view.get("linear_value_head_dim") or k_dim
+    kernel = view.get("linear_conv_kernel_dim") or 4
+    return int(k_heads), int(v_heads), int(k_dim), int(v_dim), int(kernel)
+
+
+def _kda(view: ConfigView, layer: int) -> list[TensorRecord]:
+    hidden = view.dim("hidden_size")
+    heads, head_dim, kernel = kda_dims(view)
+    inner = heads * head_dim
+    p = f"layers.{layer}.kda."
+    return [_matrix(p + "qkv", "attention", layer, 3 * inner, hidden),
+            _vector(p + "qkv_conv1d", "attention", layer, 3 * inner * kernel),
+            _matrix(p + "f_a", "attention", layer, head_dim, hidden),
+            _matrix(p + "f_b", "attention", layer, inner, head_dim),
+            _matrix(p + "g_a", "attention", layer, head_dim, hidden),
+            _matrix(p + "g_b", "attention", layer, inner, head_dim),
+            _matrix(p + "b", "attention", layer, heads, hidden),
+            _vector(p + "A_log_dt_bias", "attention", layer, heads + inner),
+            _vector(p + "o_norm", "norms", layer, head_dim),
+            _matrix(p + "o", "attention", layer, hidden, inner)]
+
+
+def _gated_delta_net(view: ConfigView, layer: int) -> list[TensorRecord]:
+    hidden = view.dim("hidden_size")
+    k_heads, v_heads, k_dim, v_dim, kernel = gdn_dims(view)
+    key, value = k_heads * k_dim, v_heads * v_dim
+    p = f"layers.{layer}.gated_delta_net."
+    return [_matrix(p + "in_proj_qkvz", "attention", layer, 2 * key + 2 * value, hidden),
+            _matrix(p + "in_proj_ba", "attention", layer, 2 * v_heads, hidden),
+            _vector(p + "conv1d", "attention", layer, (2 * key + value) * kernel),
+            _vector(p + "A_log_dt_bias", "attention", layer, 2 * v_heads),
+            _vector(p + "norm", "norms", layer, v_dim),
+            _matrix(p + "out", "attention", layer, hidden, value)]
+
+
 def mamba_inner_size(view: ConfigView) -> int:
     """Channels of the Mamba mixer: Mamba-2 configs give heads x head_dim, Mamba-1 ones an expansion factor."""
     if view.dim("mamba_num_heads") and view.dim("mamba_head_dim"):
@@ -133,34 +187,25 @@ def _mlp(name: str, component: str, layer: int, hidden: int, width: int, gated: 
     return records
 
 
-def _ffn(view: ConfigView, kind: str, layer: int, gated: bool) -> list[TensorRecord]:
+def _ffn(view: ConfigView, mlp: Mlp, layer: int, gated: bool) -> list[TensorRecord]:
+    """One layer's MLP as the layout reads it (per-layer expert counts, widths and shared experts included)."""
     hidden = view.dim("hidden_size")
-    dense_width = view.dim("dense_intermediate_size") or view.layer_dim("intermediate_size", layer) or 4 * hidden
     p = f"layers.{layer}.ffn"
     records = []
-    if kind in ("dense", "moe+dense"):
-        records += _mlp(p + ".dense", "dense_mlp", layer, hidden, dense_width, gated)
-    if kind.startswith("moe"):
-        # Per-layer lists (one expert count or width per layer) give each layer its own.
-        experts = view.layer_dim("num_experts", layer)
-        width = (view.layer_dim("moe_intermediate_size", layer) or view.layer_dim("intermediate_size", layer)
-                 or 4 * hidden)
+    if mlp.dense_width:
+        records += _mlp(p + ".dense", "dense_mlp", layer, hidden, mlp.dense_width, gated)
+    if mlp.experts:
+        experts, width = mlp.experts, mlp.expert_width
         records.append(_matrix(p + ".router", "router", layer, experts, hidden))
         records += [_matrix(p + ".experts.up", "routed_experts", layer, experts, (2 if gated else 1) * width, hidden),
                     _matrix(p + ".experts.down", "routed_experts", layer, experts, hidden, width)]
-        shared = (view.layer_dim("shared_expert_intermediate_size", layer)
-                  or view.layer_dim("num_shared_experts", layer, 0) * width)
-        if not shared and view.dim("interleave_moe_layer_step"):
-            # Llama-4's keys imply its shared expert: "each token is sent to the shared expert and also to one of
-            # the 128 routed experts" (Meta, "The Llama 4 herd", 2025), of the experts' width.
-            shared = width
-        if shared:
-            records += _mlp(p + ".shared_experts", "shared_experts", layer, hidden, shared, gated)
+    if mlp.shared_width:
+        records += _mlp(p + ".shared_experts", "shared_experts", layer, hidden, mlp.shared_width, gated)
     return records
 
 
-MIXERS = {"attention": _attention, "mla": _mla, "linear_attention": _linear_attention, "mamba": _mamba,
-          "mamba2": _mamba2}
+MIXERS = {"attention": _attention, "mla": _mla, "linear_attention": _linear_attention, "kda": _kda,
+          "gated_delta_net": _gated_delta_net, "mamba": _mamba, "mamba2": _mamba2}
 
 
 def estimate_records(view: ConfigView, layout: Layout) -> tuple[list[TensorRecord], list[str]]:
@@ -180,7 +225,7 @@ def estimate_records(view: ConfigView, layout: Layout) -> tuple[list[TensorRecor
     for index, kind in enumerate(layout.layers):
         if kind.mixer != "none":
             records += MIXERS[kind.mixer](view, index)
-        records += _ffn(view, kind.ffn, index, gated)
+        records += _ffn(view, layout.mlps[index], index, gated)
         norms = (kind.mixer != "none") + (kind.ffn != "none")
         records.append(_vector(f"layers.{index}.norms", "norms", index, norms * hidden))
     records.append(_vector("final_norm", "norms", None, hidden))

@@ -7,7 +7,11 @@ Elements cached per token and layer:
 - sliding-window and chunked layers keep at most their window of tokens per sequence (gpt-oss 128, Llama-4 8192);
 - linear attention and Mamba layers keep a fixed state per sequence, whatever its length: lightning attention a
   heads x head_dim x head_dim KV state (MiniMax-01 report, section 2.2); Mamba the SSM state (d_inner x d_state,
-  or heads x head_dim x d_state for Mamba-2) plus the last d_conv - 1 convolution inputs.
+  or heads x head_dim x d_state for Mamba-2) plus the last d_conv - 1 convolution inputs; Kimi Delta Attention a
+  heads x head_dim x head_dim state plus the last kernel - 1 inputs of its q, k and v convolutions
+  (``MambaStateShapeCalculator.kda_state_shape``); Gated DeltaNet a v_heads x v_dim x k_dim state plus the last
+  kernel - 1 inputs of its convolution over 2 x k_heads x k_dim + v_heads x v_dim channels
+  (``gated_delta_net_state_shape``). The shapes are vLLM's (``model_executor/layers/mamba/mamba_utils.py``).
 
 Caches kept in their own dtype, whatever the KV precision:
 - DeepSeek-V3.2's indexer keys (DeepSeek-V3.2-Exp report, section 2.1): vLLM stores them as uint8, index_head_dim
@@ -19,7 +23,9 @@ Caches kept in their own dtype, whatever the KV precision:
   linear-attention state in ``mamba_cache_dtype`` "auto" = the model dtype, and the SSM state in
   ``mamba_ssm_cache_dtype`` "auto" = the conv state's dtype, except for Nemotron-H, whose
   ``NemotronHForCausalLMConfig`` (``model_executor/models/config.py``) sets it to the config's
-  ``mamba_ssm_cache_dtype``, else float32 ("Only float32 is known to have no accuracy issues by default").
+  ``mamba_ssm_cache_dtype``, else float32 ("Only float32 is known to have no accuracy issues by default");
+  ``kda_state_dtype`` keeps the KDA recurrent state in float32 whatever the model dtype, its convolution inputs in
+  the model dtype.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..models.config_loading import ConfigView
-from .estimate import mamba_inner_size
+from .estimate import gdn_dims, kda_dims, mamba_inner_size
 from ..models.layers import Layout
 
 KV_PRECISION_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
@@ -177,15 +183,54 @@ def recurrent_state_dtypes(view: ConfigView) -> dict:
     ssm_source = ("the config's mamba_ssm_cache_dtype, which vLLM follows" if isinstance(declared, str) else
                   "vLLM's default for Nemotron-H: float32 (NemotronHForCausalLMConfig)" if nemotron_h else
                   "vLLM's default: mamba_ssm_cache_dtype auto, the conv state's dtype")
-    return {"linear_attention": (model, auto), "mamba_conv": (model, auto), "mamba_ssm": (ssm, ssm_source)}
+    return {"linear_attention": (model, auto), "mamba_conv": (model, auto), "mamba_ssm": (ssm, ssm_source),
+            "kda_conv": (model, auto), "kda_recurrent": ("fp32", "vLLM's kda_state_dtype: float32 always"),
+            "gdn_conv": (model, auto),
+            "gdn_recurrent": (_dtype_name(declared, model), "the config's mamba_ssm_cache_dtype, which vLLM follows"
+                              if isinstance(declared, str) else "vLLM's default: the conv state's dtype")}
+
+
+# Which parts of the recurrent state each mixer keeps, for the report.
+STATE_PARTS = {"linear_attention": ("linear_attention",), "mamba": ("mamba_conv", "mamba_ssm"),
+               "mamba2": ("mamba_conv", "mamba_ssm"), "kda": ("kda_conv", "kda_recurrent"),
+               "gated_delta_net": ("gdn_conv", "gdn_recurrent")}
 
 
 def _stated(dtypes: dict, layers: list[KvLayer]) -> dict:
     """The state dtypes of the layers this model has, with their reasons, for the report."""
     kinds = {layer.kind for layer in layers if layer.state_bytes}
-    parts = (["linear_attention"] if "linear_attention" in kinds else []) + (
-        ["mamba_conv", "mamba_ssm"] if kinds & {"mamba", "mamba2"} else [])
+    parts = dict.fromkeys(part for kind in STATE_PARTS if kind in kinds for part in STATE_PARTS[kind])
     return {part: {"dtype": dtypes[part][0], "source": dtypes[part][1]} for part in parts}
+
+
+def recurrent_state_bytes(view: ConfigView, mixer: str, dtypes: dict | None = None) -> tuple[int, int]:
+    """(bytes of one sequence's state in one layer of this recurrent ``mixer``, ways TP splits it); vLLM's shapes
+    and default dtypes (see the module docstring). (0, 1) for a mixer that keeps no state."""
+    dtypes = dtypes or recurrent_state_dtypes(view)
+    size = {part: DTYPE_BYTES[dtype] for part, (dtype, _) in dtypes.items()}
+    if mixer == "linear_attention":
+        heads = view.dim("num_heads", 1)
+        head_dim = view.dim("head_dim") or view.dim("hidden_size") // heads
+        return heads * head_dim * head_dim * size["linear_attention"], heads
+    if mixer == "kda":
+        heads, head_dim, kernel = kda_dims(view)
+        conv = 3 * heads * head_dim * (kernel - 1) * size["kda_conv"]
+        return conv + heads * head_dim * head_dim * size["kda_recurrent"], heads
+    if mixer == "gated_delta_net":
+        k_heads, v_heads, k_dim, v_dim, kernel = gdn_dims(view)
+        conv = (2 * k_heads * k_dim + v_heads * v_dim) * (kernel - 1) * size["gdn_conv"]
+        return conv + v_heads * v_dim * k_dim * size["gdn_recurrent"], k_heads
+    if mixer == "mamba":
+        inner = mamba_inner_size(view)
+        return inner * (view.dim("mamba_d_state", 16) * size["mamba_ssm"]
+                        + (view.dim("mamba_d_conv", 4) - 1) * size["mamba_conv"]), inner
+    if mixer == "mamba2":
+        state_size = view.dim("mamba_d_state", 128)
+        inner = mamba_inner_size(view)
+        conv_dim = inner + 2 * view.dim("mamba_n_groups", 1) * state_size
+        return (inner * state_size * size["mamba_ssm"] + conv_dim * (view.dim("mamba_d_conv", 4) - 1)
+                * size["mamba_conv"]), view.dim("mamba_num_heads", 1)
+    return 0, 1
 
 
 def kv_cache_of(view: ConfigView, layout: Layout) -> KvCache:
@@ -194,8 +239,6 @@ def kv_cache_of(view: ConfigView, layout: Layout) -> KvCache:
     head_dim = view.dim("head_dim") or hidden // heads
     windows = {"full": None, "sliding": view.dim("sliding_window"), "chunked": view.dim("attention_chunk_size")}
     dtypes = recurrent_state_dtypes(view)
-    linear_bytes, conv_bytes, ssm_bytes = (DTYPE_BYTES[dtypes[name][0]] for name in
-                                           ("linear_attention", "mamba_conv", "mamba_ssm"))
     index_dim = view.dim("index_head_dim", 0)
     # fp8 values plus one fp32 scale per block of 128 (vLLM's DeepseekV32IndexerCache).
     indexer = index_dim + -(-index_dim // INDEXER_QUANT_BLOCK) * 4 if index_dim and view.dim("index_n_heads") else 0
@@ -205,20 +248,11 @@ def kv_cache_of(view: ConfigView, layout: Layout) -> KvCache:
             elements = kv_heads * (head_dim + view.dim("v_head_dim", head_dim))
             layers.append(KvLayer("attention", elements, windows[kind.window], 0, kv_heads))
         elif kind.mixer == "mla":
+            # MLA caches its latent and the shared RoPE key (vLLM's MLAAttentionSpec head size), also where the
+            # release applies no RoPE (Kimi-Linear's mla_use_nope still caches qk_rope_head_dim).
             elements = view.dim("kv_lora_rank") + view.dim("qk_rope_head_dim", 64)
-            layers.append(KvLayer("mla", elements, windows[kind.window], 0, 1, indexer))
-        elif kind.mixer == "linear_attention":
-            state = heads * head_dim * head_dim * linear_bytes
-            layers.append(KvLayer("linear_attention", 0, None, state, heads))
-        elif kind.mixer == "mamba":
-            inner = mamba_inner_size(view)
-            state = inner * (view.dim("mamba_d_state", 16) * ssm_bytes
-                             + (view.dim("mamba_d_conv", 4) - 1) * conv_bytes)
-            layers.append(KvLayer("mamba", 0, None, state, inner))
-        elif kind.mixer == "mamba2":
-            mamba_heads, state_size = view.dim("mamba_num_heads", 1), view.dim("mamba_d_state", 128)
-            inner = mamba_inner_size(view)
-            conv_dim = inner + 2 * view.dim("mamba_n_groups", 1) * state_size
-            state = inner * state_size * ssm_bytes + conv_dim * (view.dim("mamba_d_conv", 4) - 1) * conv_bytes
-            layers.append(KvLayer("mamba2", 0, None, state, mamba_heads))
+            layers.append(KvLayer("mla", elements, windows[kind.window], 0, 1, indexer if kind.sparse else 0))
+        elif kind.mixer in STATE_PARTS:
+            state, shards = recurrent_state_bytes(view, kind.mixer, dtypes)
+            layers.append(KvLayer(kind.mixer, 0, None, state, shards))
     return KvCache(tuple(layers), _stated(dtypes, layers))

@@ -5,9 +5,11 @@ them; where the config is silent the field is null rather than a guessed default
 
 from __future__ import annotations
 
+from collections import Counter
+
 from ..models.config_loading import ConfigView
 from .estimate import UNGATED_ACTIVATIONS, activation_of
-from ..models.layers import Layout
+from ..models.layers import Layout, layer_ranges
 
 ROPE_SCALAR_KEYS = ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
                     "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate")
@@ -27,8 +29,11 @@ def _attention(view: ConfigView, layout: Layout, qk_norm: bool | None) -> dict:
         kind = "mha" if kv_heads == heads else "mqa" if kv_heads == 1 else "gqa"
     if mixers & {"mamba", "mamba2"}:
         pattern = "hybrid mamba/attention"
-    elif "linear_attention" in mixers:
+    elif mixers & {"linear_attention", "kda", "gated_delta_net"}:
         pattern = "hybrid linear/softmax attention"
+    elif any(kind.sparse for kind in layout.layers):
+        # DeepSeek Sparse Attention: each query attends to the index_topk keys its lightning indexer picks.
+        pattern = "sparse (indexed)"
     elif windows == {"sliding"}:
         pattern = "sliding window"
     elif "sliding" in windows:
@@ -44,6 +49,9 @@ def _attention(view: ConfigView, layout: Layout, qk_norm: bool | None) -> dict:
         "kv_heads": kv_heads if not kv_lora else None,
         "head_dim": view.dim("head_dim") or (view.dim("hidden_size") // heads if heads and not kv_lora else None),
         "layers": layout.counts(),
+        # Per layer kind of attention: full, sliding, chunked, mla, sparse mla, or the recurrent mixer.
+        "attention_kinds": dict(Counter(kind.attention for kind in layout.layers if kind.mixer != "none")),
+        "layout": layout.describe(),
         "sliding_window": view.dim("sliding_window") if "sliding" in windows else None,
         "attention_chunk_size": view.dim("attention_chunk_size"),
         "qk_norm": qk_norm if qk_norm is not None else view.get("use_qk_norm"),
@@ -110,6 +118,9 @@ def _moe(view: ConfigView, layout: Layout) -> dict | None:
         "moe_layers": layout.moe_layers,
         "dense_layers": layout.dense_layers,
         "residual_dense_mlp": any(kind.ffn == "moe+dense" for kind in layout.layers),
+        # Where the config gives experts, top-k, shared experts or widths per layer (Hunyuan), each distinct MLP
+        # shape with the layers that have it.
+        "per_layer": _per_layer_mlps(layout) if view.per_layer_keys or len(set(layout.mlps)) > 2 else None,
         # DeepSeek-V3 report section 2.1.2: tokens go to at most topk_group of n_group expert groups.
         "group_limited_routing": {"n_group": groups, "topk_group": view.get("topk_group", "n_limited_groups")}
         if isinstance(groups, int) and groups > 1 else None,
@@ -120,6 +131,13 @@ def _moe(view: ConfigView, layout: Layout) -> dict | None:
         "routing_bias": view.get("use_routing_bias") if view.get("use_routing_bias") is not None
         else (view.get("topk_method") == "noaux_tc" or None),
     }
+
+
+def _per_layer_mlps(layout: Layout) -> list[dict]:
+    shapes: dict = {}
+    for index, mlp in enumerate(layout.mlps):
+        shapes.setdefault(mlp, []).append(index)
+    return [{**mlp.as_dict(), "layers": layer_ranges(indices)} for mlp, indices in shapes.items()]
 
 
 def _norm(view: ConfigView, norm_classes: list[str] | None, qk_norm: bool | None) -> dict:

@@ -183,12 +183,14 @@ def planner_model(records: list[TensorRecord], view: ConfigView, layout: Layout,
     heads = view.dim("num_heads")
     top_k = view.dim("experts_per_token", 0)
     moe_width = view.dim("moe_intermediate_size") or view.dim("intermediate_size") or 0
-    shared_width = view.dim("shared_expert_intermediate_size") or view.dim("num_shared_experts", 0) * moe_width
     dense_width = view.dim("dense_intermediate_size") or view.dim("intermediate_size") or 4 * view.dim("hidden_size")
+    # The widest FFN one token runs through: top-k experts plus the shared ones, per layer as the layout reads it.
+    routed_width = max((mlp.top_k * mlp.expert_width + mlp.shared_width for mlp in layout.mlps if mlp.experts),
+                       default=top_k * moe_width)
     return PlannerModel(
         layers, heads, view.dim("num_kv_heads", heads), bool(view.dim("kv_lora_rank")), view.dim("num_experts", 0),
         top_k, view.dim("hidden_size"), view.dim("vocab_size"),
-        max(dense_width, top_k * moe_width + shared_width) if layout.moe_layers else dense_width,
+        max(dense_width, routed_width) if layout.moe_layers else dense_width,
         tuple(sharded), tuple(replicated), tuple(expert), embedding, lm_head or embedding, not lm_head, top, kv)
 
 

@@ -153,6 +153,8 @@ def analyze(config: dict, *, devices=None, precision: str = "bf16", workload: di
     if model is not None:
         warnings += _estimate_disagreements(summary, estimated, view)
     kv = kv_cache_of(view, layout)
+    # Layer-pattern keys the layout could not read: its figures rest on defaults for those layers.
+    warnings += [note for note in layout.notes if "d0 cannot" in note or "fit neither" in note]
     weights, weights_details = weights_report(records, mtp, shipped.describe(), view.dim("mtp_layers", 0))
     mechanisms = mechanisms_of(view, layout, tied=tied, norm_classes=norm_classes, qk_norm=qk_norm)
     report = {
@@ -169,6 +171,9 @@ def analyze(config: dict, *, devices=None, precision: str = "bf16", workload: di
         "weights_memory": weights_details,
         "kv_cache_bytes_per_token": {name: kv.bytes_per_token(name) for name in KV_PRECISION_BYTES},
         "kv_cache": kv.summary(),
+        # What a sequence keeps whatever its length: the state of its linear-attention / state-space layers.
+        "recurrent_state_bytes_per_sequence": kv.state_bytes_per_sequence(),
+        "layers": layout.describe(),
         "mechanisms": mechanisms,
         "uninterpreted_keys": _uninterpreted(view, resolution.resolved_architecture),
         "assumptions": notes,

@@ -70,13 +70,16 @@ KEYS = (
     Key("experts_per_token", ("num_experts_per_tok", "experts_per_token", "n_activated_experts",
                               "ffn_config.moe_top_k", "moe_top_k", "moe_topk"), low=0, high=2**14, structural=False,
         per_layer=True),
-    Key("num_shared_experts", ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts"), low=0, high=2**10,
+    # Hunyuan spells it num_shared_expert, one value per layer (its shared MLP: intermediate_size x that count).
+    Key("num_shared_experts", ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts", "num_shared_expert"),
+        low=0, high=2**10,
         neutral=0,
         per_layer=True),
     # Which layers are dense and which MoE: DeepSeek (first_k_dense_replace, moe_layer_freq), Qwen
     # (decoder_sparse_step), Llama-4 (interleave_moe_layer_step), Jamba (expert_layer_period/offset), Arctic
     # (moe_layer_frequency).
-    Key("first_dense_layers", ("first_k_dense_replace", "n_dense_layers", "first_k_dense"), low=0, high=2048,
+    Key("first_dense_layers", ("first_k_dense_replace", "n_dense_layers", "first_k_dense", "moe_layer_num_skipped"),
+        low=0, high=2048,
         neutral=0),
     Key("moe_layer_freq", ("moe_layer_freq",), high=2048, neutral=1),
     Key("decoder_sparse_step", ("decoder_sparse_step",), high=2048, neutral=1),
@@ -187,7 +190,8 @@ class ConfigView:
         self.read_keys: set[str] = set()
         self.architecture_aliases = architecture_aliases(self.get("model_type"))
         self._values: dict[str, int | None] = {}
-        self._per_layer: dict[str, list[int]] = {}  # keys given as one value per layer
+        self._per_layer: dict[str, list[int]] = {}  # keys given as one value per layer, where the values differ
+        self._listed: dict[str, tuple[str, list[int]]] = {}  # every key given as a list: (its spelling, values)
         for key in KEYS:  # in order: the layer count is read before any per-layer list is checked against it
             self._values[key.name] = self._checked(key)
             if key.name == "num_layers" and self._values["num_layers"] is None:
@@ -260,6 +264,7 @@ class ConfigView:
             checked.append(value)
         if len(set(checked)) > 1:
             self._per_layer[key.name] = checked
+        self._listed.setdefault(key.name, (alias, checked))
         return max(checked)
 
     def layer_dim(self, name: str, layer: int | None, default: int | None = None) -> int | None:
@@ -267,6 +272,18 @@ class ConfigView:
         if layer is not None and name in self._per_layer:
             return self._per_layer[name][layer]
         return self.dim(name, default)
+
+    def per_layer_values(self, name: str) -> list[int] | None:
+        """The values of a key the config gives as a list, one per layer (uniform or not), else None."""
+        listed = self._listed.get(name)
+        return None if listed is None else list(listed[1])
+
+    def per_layer_values_of_alias(self, alias: str) -> list[int] | None:
+        """Like ``per_layer_values``, by the spelling the config uses (``moe_topk``)."""
+        for spelling, values in self._listed.values():
+            if spelling == alias:
+                return list(values)
+        return None
 
     @property
     def per_layer_keys(self) -> list[str]:

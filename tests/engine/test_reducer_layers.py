@@ -12,7 +12,7 @@ from workers.engine.analysis import analyze
 from workers.engine.models import build_meta_model, load_config, reduce_config
 from workers.engine.models.generic_decoder import UnbuildableLayers
 from workers.engine.models.loading import causal_lm_config
-from workers.engine.models.reducer import _keep_layers, layer_kinds
+from workers.engine.models.reducer import layer_kinds
 from workers.engine.sharding import run_sharded
 
 from .conftest import CONFIGS, ROOT
@@ -60,19 +60,11 @@ def test_a_one_based_list_is_told_from_its_sibling_that_names_the_last_layer():
     assert reduced.layer_types == full.layer_types[:6]
 
 
-def test_index_lists_keep_their_base_and_per_layer_lists_are_sliced_alike_at_any_depth():
-    section = {"mlp_only_layers": [0, 2, 5], "per_layer_width": [10, 11, 12, 13, 14, 15], "pattern": "M*M-M*",
-               "linear_attn_config": {"full_attn_layers": [3, 6], "kda_layers": [1, 2, 4, 5]},
-               "rope_scaling": {"long_factor": [1.0] * 6}, "odd_layers": [3, 9], "layer_scales": [1.0, 2.0]}
-    notes = []
-    _keep_layers(section, [0, 1, 2], 6, notes)
-    assert section["mlp_only_layers"] == [0, 2]  # a 0 says 0-based
-    assert section["linear_attn_config"] == {"full_attn_layers": [3], "kda_layers": [1, 2]}  # a 6 of 6: 1-based
-    assert section["per_layer_width"] == [10, 11, 12] and section["pattern"] == "M*M"
-    assert section["rope_scaling"] == {"long_factor": [1.0] * 6}  # head_dim / 2 factors, not one per layer
-    assert section["odd_layers"] == [3, 9]
-    assert notes == ["odd_layers [3, 9] not remapped: not layer indices of a 6-layer model",
-                     "layer_scales (2 entries) not remapped: neither layer indices nor one entry per layer of 6"]
+def test_an_index_list_that_fits_neither_base_is_left_and_named_in_the_notes():
+    config = {**catalog("qwen3-0.6b"), "skip_layers": [3, 99]}  # layer 99 of 28: not a layer index
+    reduction = reduce_config(config)
+    assert reduction.config["skip_layers"] == [3, 99]
+    assert "skip_layers could not be renumbered (its values fit neither base)" in reduction.notes
 
 
 def test_a_zero_based_index_list_names_the_same_layers_after_the_cut():
@@ -114,13 +106,14 @@ def test_an_interval_pattern_reads_the_same_on_the_reduced_prefix():
     assert "decoder_sparse_step unchanged" in reduction.invariants
 
 
-def test_a_release_without_a_class_whose_layer_kind_d0_cannot_build_is_refused_naming_the_key():
-    config = {**catalog("nemotron-h-56b-base-8k"), "model_type": "nemotron_h_next",
-              "architectures": ["NemotronHNextForCausalLM"]}
+@pytest.mark.parametrize(("name", "refused_kind"), [
+    ("nemotron-h-56b-base-8k", "'mamba2' (hybrid_override_pattern)"),
+    ("kimi-linear-48b-a3b-instruct", "'kda' (linear_attn_config.full_attn_layers, linear_attn_config.kda_layers)")])
+def test_a_release_without_a_class_whose_layer_kind_d0_cannot_build_is_refused_naming_the_key(name, refused_kind):
+    config = {**catalog(name), "model_type": "next_release", "architectures": ["NextReleaseForCausalLM"]}
     with pytest.raises(UnbuildableLayers) as refused:
         reduce_config(config)
-    assert str(refused.value).startswith("layer kind 'mamba2' (hybrid_override_pattern) has no generic "
-                                         "implementation")
+    assert str(refused.value).startswith(f"layer kind {refused_kind} has no generic implementation")
     assert "\n" not in str(refused.value)
 
 

@@ -22,8 +22,6 @@ attention) is listed in the note every report made with it carries.
 
 from __future__ import annotations
 
-import copy
-
 # Sequence mixers some generic shape builds as they are ("none": a block without a mixer, built with attention).
 BUILT_MIXERS = ("attention", "mla", "none")
 
@@ -78,8 +76,7 @@ def generic_config(config: dict) -> tuple[dict, str]:
                                  for kind in layout.layers]}
         shape = "MiniMax-shaped decoder (lightning attention in the linear-attention layers, routed experts)"
     elif unbuilt:
-        keys = ", ".join(_keys_setting(config, view, unbuilt))
-        keys = f" ({keys})" if keys else ""
+        keys = f" ({', '.join(layout.pattern_keys)})" if layout.pattern_keys else ""
         raise UnbuildableLayers(f"layer kind {', '.join(repr(kind) for kind in unbuilt)}{keys} has no generic "
                                 "implementation: d0 builds a release without a transformers class from softmax "
                                 "attention, MLA and MiniMax's lightning attention with routed experts only")
@@ -110,36 +107,6 @@ def generic_config(config: dict) -> tuple[dict, str]:
     if uninterpreted:
         note += "; keys not interpreted: " + ", ".join(uninterpreted)
     return built, note
-
-
-def _keys_setting(config: dict, view, mixers: list[str]) -> list[str]:
-    """The config's keys that make layers one of ``mixers``: a per-layer list or string, an index list, a period
-    or an offset (``attn_type_list``, ``linear_attn_config.kda_layers``) without which the layer description has
-    fewer layers of them."""
-    from .config_loading import ConfigError, ConfigView
-    from .layers import layer_layout
-
-    def count(layout) -> int:
-        return sum(kind.mixer in mixers for kind in layout.layers)
-
-    wanted = count(layer_layout(view))
-    found = []
-    for key in view.all_keys():
-        value = view.get(key)
-        if not (isinstance(value, list | str) or "layer" in key.rsplit(".", 1)[-1]) or key in ("architectures",):
-            continue
-        without = copy.deepcopy(config)
-        section = without
-        *parents, leaf = key.split(".")
-        for parent in parents:
-            section = section[parent]
-        del section[leaf]
-        try:
-            if count(layer_layout(ConfigView(without))) < wanted:
-                found.append(key)
-        except ConfigError:
-            continue
-    return found
 
 
 def _activation(name) -> str:

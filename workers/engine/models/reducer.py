@@ -264,65 +264,15 @@ def _cap(reduced: dict, full, keys: tuple[str, ...], most: int) -> None:
             _set(reduced, full, key, min(value, most))
 
 
-# Index lists that count layers from 1, as the release's own code and vLLM read them (Kimi-Linear's
-# ``layer_idx + 1 in kda_layers``), for a list that shows neither a 0 nor the last layer's number.
-ONE_BASED_INDEX_KEYS = ("full_attn_layers", "kda_layers")
-# Sections whose lists are never per-layer (rope's long/short factors have head_dim / 2 entries, which can equal
-# the layer count).
-NOT_LAYER_SECTIONS = ("rope_scaling", "rope_parameters", "quantization_config")
+def _cut_layers(reduced: dict, layers: int) -> tuple[dict, list[str]]:
+    """The first ``layers`` layers, every per-layer key following at any depth (``layers.remap_layer_keys``: index
+    lists renumbered in their own base, per-layer lists and strings sliced). Periods and intervals
+    (``decoder_sparse_step``, ``attn_layer_period``) read the same on a prefix, so the remapper's reminder that
+    kept layers must follow them does not apply here."""
+    from .layers import remap_layer_keys
 
-
-def _is_index_list(key: str, value) -> bool:
-    """``*_layers`` lists of distinct integers (``moe_layers``, ``linear_attn_config.full_attn_layers``); Llama-4's
-    ``no_rope_layers`` holds one 0/1 flag per layer instead, which repeats values."""
-    return (key.endswith("_layers") and isinstance(value, list)
-            and all(isinstance(item, int) and not isinstance(item, bool) for item in value)
-            and len(set(value)) == len(value))
-
-
-def _index_base(section: dict, full_layers: int) -> int:
-    """Whether a section's index lists count layers from 0 or from 1, read from the lists together (Kimi-Linear's
-    ``kda_layers`` alone shows neither a 0 nor a 27; its sibling ``full_attn_layers`` ends at 27)."""
-    numbers = {item for key, value in section.items() if _is_index_list(key, value)
-               and all(0 <= item <= full_layers for item in value) for item in value}
-    if 0 in numbers:
-        return 0
-    if full_layers in numbers or any(_is_index_list(key, value) for key, value in section.items()
-                                     if key in ONE_BASED_INDEX_KEYS):
-        return 1
-    return 0
-
-
-def _keep_layers(section: dict, kept: list[int], full_layers: int, notes: list[str], prefix: str = "") -> None:
-    """Keep only the layers ``kept`` (full-model indices, in order) in every per-layer key of ``section`` and its
-    nested sections: index lists are remapped to the reduced depth in their own base, lists and strings with one
-    entry per layer are sliced alike. Layer lists read neither way (indices the model does not have, another
-    length) are left as they are and named in ``notes``."""
-    position = {index: new for new, index in enumerate(kept)}
-    base = _index_base(section, full_layers)
-    for key, value in list(section.items()):
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and key not in NOT_LAYER_SECTIONS:
-            _keep_layers(value, kept, full_layers, notes, f"{name}.")
-        elif _is_index_list(key, value):
-            if not all(base <= index < full_layers + base for index in value):
-                notes.append(f"{name} {value} not remapped: not layer indices of a {full_layers}-layer model")
-                continue
-            section[key] = [position[index - base] + base for index in value if index - base in position]
-        elif isinstance(value, list | str) and len(value) == full_layers and key not in TOKEN_ID_KEYS \
-                and key not in NOT_LAYER_SECTIONS:
-            picked = [value[index] for index in kept]
-            section[key] = "".join(picked) if isinstance(value, str) else picked
-        elif isinstance(value, list) and "layer" in key:
-            notes.append(f"{name} ({len(value)} entries) not remapped: neither layer indices nor one entry per "
-                         f"layer of {full_layers}")
-
-
-def _cut_layers(reduced: dict, full, layers: int, full_layers: int, notes: list[str]) -> None:
-    """The first ``layers`` layers: interval and period patterns (``decoder_sparse_step``, ``attn_layer_period``,
-    ``first_k_dense_replace``) read the same on a prefix, so only per-layer keys change."""
-    _set(reduced, full, "num_hidden_layers", layers)
-    _keep_layers(reduced, list(range(layers)), full_layers, notes)
+    cut, notes = remap_layer_keys(reduced, list(range(layers)))
+    return cut, [note for note in notes if "is a period" not in note]
 
 
 def _invariants(full, reduced) -> tuple[list[str], list[str]]:
@@ -459,9 +409,8 @@ def reduce_config(config: dict, full_model=None, *, keep_latent_ranks: bool = Fa
             tiny_full_depth = build_meta_model(tiny_config)
             depth = max(max(index for index, _ in layer_kinds(tiny_full_depth)),
                         max(layout_kinds(candidate, causal_lm_config(tiny_config)).values())) + 1
-        cut = copy.deepcopy(candidate)
-        cut_notes: list[str] = []
-        _cut_layers(cut, full, depth, full_layers, cut_notes)
+        cut, cut_notes = _cut_layers(candidate, depth)
+        _set(cut, full, "num_hidden_layers", depth)
         reduced_config = causal_lm_config(load_config(cut))
         reduced_kinds = layer_kinds(build_meta_model(reduced_config))
         reduced_layout = layout_kinds(cut, reduced_config)

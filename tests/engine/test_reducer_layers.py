@@ -11,8 +11,8 @@ import pytest
 from workers.engine.analysis import analyze
 from workers.engine.models import build_meta_model, load_config, reduce_config
 from workers.engine.models.generic_decoder import UnbuildableLayers
-from workers.engine.models.loading import causal_lm_config
-from workers.engine.models.reducer import layer_kinds
+from workers.engine.models.loading import causal_lm_config, text_config_dict
+from workers.engine.models.reducer import layer_kinds, layout_kinds
 from workers.engine.sharding import run_sharded
 
 from .conftest import CONFIGS, ROOT
@@ -28,6 +28,9 @@ def reduced_and_full(config: dict):
     full, reduced = causal_lm_config(load_config(config)), causal_lm_config(load_config(reduction.config))
     full_kinds = {signature for _, signature in layer_kinds(build_meta_model(full))}
     assert {signature for _, signature in layer_kinds(build_meta_model(reduced))} == full_kinds
+    # ... and every kind of the one layer description (mixer, window, MLP), not only every module class.
+    full_layout = layout_kinds(text_config_dict(config), full)
+    assert layout_kinds(reduction.config, reduced).keys() == full_layout.keys()
     assert reduced.num_hidden_layers == reduction.layers < full.num_hidden_layers
     return reduction, full, reduced
 

@@ -282,8 +282,8 @@ def _invariants(full, reduced) -> tuple[list[str], list[str]]:
     def rule(name: str, holds: bool) -> None:
         checks.append((name, holds))
 
-    rule("num_attention_heads % num_key_value_heads == 0",
-         reduced.num_attention_heads % (getattr(reduced, "num_key_value_heads", None) or 1) == 0)
+    kv_heads = next((value for key in KV_HEAD_KEYS if (value := _int_attribute(reduced, key))), 1)
+    rule("num_attention_heads % num_key_value_heads == 0", reduced.num_attention_heads % kv_heads == 0)
     if getattr(full, "head_dim", None) is not None:
         rule("head_dim unchanged", reduced.head_dim == full.head_dim)
     if getattr(full, "qk_rope_head_dim", None) is not None and full.head_dim == full.qk_rope_head_dim:

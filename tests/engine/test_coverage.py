@@ -284,7 +284,7 @@ def test_an_unknown_model_type_is_resolved_like_intake_resolves_it_or_built_gene
     arctic = reduce_config(json.loads((CONFIGS / "snowflake-arctic-instruct.json").read_text()))
     assert "Qwen2-MoE-shaped decoder (routed experts and a shared expert)" in arctic.notes[0]  # its residual MLP
     minimax = reduce_config(json.loads((CONFIGS / "minimax-m1.json").read_text()))
-    assert "simplified: linear_attention" in minimax.notes[0]
+    assert "MiniMax-shaped decoder (lightning attention in the linear-attention layers" in minimax.notes[0]
 
 
 def test_the_op_coverage_stage_returns_one_report_per_dtype_and_reports_progress():

@@ -9,13 +9,26 @@ coverage traces it, sharded runs split it with that class's tensor-parallel plan
   latent attention when MLA ranks are present;
 - dense MLP layers, and routed experts with their top-k (Mixtral's), with a shared expert when one is declared
   (Qwen2-MoE's) and the dense layers where the layout says so;
+- MiniMax's lightning (linear) attention beside softmax attention, layer by layer as the layout says, with routed
+  experts (MiniMax-Text-01's);
 - RMSNorm, rope with the config's theta, tied embeddings as declared.
 
-What this shape leaves out (linear-attention or Mamba layers built as attention, multipliers, custom norms) is
-listed in the note every report made with it carries.
+The layers come from the one layer description (``layers.layer_layout``). A sequence mixer none of these shapes has
+(Mamba, Kimi's delta attention, linear attention without MiniMax's experts) is not built as something else: the
+config is refused with the kind and the key that sets it (``UnbuildableLayers``), so the stage that needed the
+model fails with that line. What the shapes simplify (multipliers, custom norms, MLP-only blocks built with
+attention) is listed in the note every report made with it carries.
 """
 
 from __future__ import annotations
+
+# Sequence mixers some generic shape builds as they are ("none": a block without a mixer, built with attention).
+BUILT_MIXERS = ("attention", "mla", "none")
+
+
+class UnbuildableLayers(ValueError):
+    """The config has a layer kind no generic shape implements; the message names the kind and its keys."""
+
 
 GENERIC_NOTE = ("generic architecture: the release's own modeling code was not run; d0 built a {shape} from the "
                 "config's standard keys")
@@ -53,8 +66,21 @@ def generic_config(config: dict) -> tuple[dict, str]:
     if not shared and any(kind.ffn == "moe+dense" for kind in layout.layers):
         # Arctic's dense MLP beside the experts ("residual MoE") runs for every token, as a shared expert does.
         shared = dense_width
-    left_out = sorted({kind.mixer for kind in layout.layers} - {"attention", "mla"})
-    if view.dim("kv_lora_rank"):
+    mixers = {kind.mixer for kind in layout.layers}
+    left_out = sorted(mixers & {"none"})
+    unbuilt = sorted(mixers - set(BUILT_MIXERS))
+    if unbuilt == ["linear_attention"] and experts > 1 and top_k and not shared and not view.dim("kv_lora_rank"):
+        built = {**common, "model_type": "minimax", "num_local_experts": experts, "num_experts_per_tok": top_k,
+                 "intermediate_size": moe_width, "block_size": view.get("block_size", default=256),
+                 "layer_types": ["linear_attention" if kind.mixer == "linear_attention" else "full_attention"
+                                 for kind in layout.layers]}
+        shape = "MiniMax-shaped decoder (lightning attention in the linear-attention layers, routed experts)"
+    elif unbuilt:
+        keys = f" ({', '.join(layout.pattern_keys)})" if layout.pattern_keys else ""
+        raise UnbuildableLayers(f"layer kind {', '.join(repr(kind) for kind in unbuilt)}{keys} has no generic "
+                                "implementation: d0 builds a release without a transformers class from softmax "
+                                "attention, MLA and MiniMax's lightning attention with routed experts only")
+    elif view.dim("kv_lora_rank"):
         built, shape = _mla(view, common, dense_width, experts, top_k, moe_width, dense_layers), "DeepSeek-V3-shaped"
     elif experts > 1 and top_k:
         if shared:

@@ -36,7 +36,9 @@ SHORT_WINDOW = 4
 LOW_RANK = {"kv_lora_rank": 32, "q_lora_rank": 48}
 EXPERT_COUNT_KEYS = ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts")
 TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_top_k")
-KV_HEAD_KEYS = ("num_key_value_heads", "kv_n_heads")
+# Every spelling of the key/value head count (Falcon's num_kv_heads, ChatGLM's multi_query_group_num, DBRX's
+# attn_config.kv_n_heads), as model intake reads them (``config_loading.KEYS``).
+KV_HEAD_KEYS = ("num_key_value_heads", "kv_n_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num")
 # MLP widths, scaled to small multiples of 32 in the order of their full sizes (0 means "none" and stays 0).
 INTERMEDIATE_KEYS = ("intermediate_size", "moe_intermediate_size", "intermediate_size_mlp",
                      "shared_expert_intermediate_size", "ffn_hidden_size")
@@ -59,10 +61,12 @@ class Reduction:
     layer_kinds: list[dict]
     invariants: list[str]
     notes: list[str] = field(default_factory=list)
+    # The kinds of the one layer description (``layers.layer_layout``) the reduced model keeps, e.g. "mla + moe".
+    layout_kinds: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {"full_layers": self.full_layers, "layers": self.layers, "layer_kinds": self.layer_kinds,
-                "invariants": self.invariants, "notes": self.notes}
+                "layout_kinds": self.layout_kinds, "invariants": self.invariants, "notes": self.notes}
 
 
 def decoder_layers(model) -> torch.nn.ModuleList:
@@ -103,6 +107,25 @@ def layer_kinds(model) -> list[tuple[int, tuple[str, ...]]]:
     return [(index, signature) for signature, index in first.items()]
 
 
+def layout_kinds(config: dict, transformers_config) -> dict[tuple[str, str, str], int]:
+    """Each distinct (mixer, window, ffn) of the config's layer description (``layers.layer_layout``) with the
+    index of its first layer. The module classes cannot tell apart what only the config sets per layer (which
+    layers a class builds as linear attention, which carry experts), so the reducer keeps both kinds."""
+    from .config_loading import ConfigView
+    from .layers import layer_layout
+
+    layout = layer_layout(ConfigView(config), getattr(transformers_config, "layer_types", None))
+    first: dict[tuple[str, str, str], int] = {}
+    for index, kind in enumerate(layout.layers):
+        first.setdefault((kind.mixer, kind.window, kind.ffn), index)
+    return first
+
+
+def _kind_text(kind: tuple[str, str, str]) -> str:
+    mixer, window, ffn = kind
+    return f"{mixer if window == 'full' else f'{window} {mixer}'} + {ffn}"
+
+
 def describe_kind(index: int, signature: tuple[str, ...]) -> dict:
     layer_type = next((part.split("=", 1)[1] for part in signature if part.startswith("layer_type=")), None)
     classes = sorted({part.split(":", 1)[1] for part in signature if ":" in part and "=" not in part})
@@ -132,7 +155,14 @@ def _int_attribute(full, key: str) -> int | None:
 
 def _set(reduced: dict, full, key: str, value) -> None:
     """Set ``key`` under the name the config class stores it (DBRX keeps ``hidden_size`` as ``d_model``)."""
-    reduced[getattr(full, "attribute_map", {}).get(key, key)] = value
+    attribute_map = getattr(full, "attribute_map", {})
+    name = attribute_map.get(key, key)
+    reduced[name] = value
+    # A dict that spells the attribute both ways (Qwen3-MoE stores num_experts as num_local_experts) keeps one
+    # value: the layer description reads the dict and refuses two spellings that disagree.
+    for alias, target in attribute_map.items():
+        if target == name and alias in reduced:
+            reduced[alias] = value
 
 
 def _with_subconfigs(reduced: dict, full) -> list[tuple[dict, object]]:
@@ -149,19 +179,25 @@ def _with_subconfigs(reduced: dict, full) -> list[tuple[dict, object]]:
 
 def _reduce_heads(reduced: dict, full) -> None:
     heads = full.num_attention_heads
-    kv_heads = getattr(full, "num_key_value_heads", None) or heads
+    kv_heads = next((value for key in KV_HEAD_KEYS if (value := _int_attribute(full, key))), heads)
     group = heads // kv_heads
     # 1 KV head stays MQA; otherwise 2 KV heads, and grouped-query attention keeps a group of 2 (MHA stays MHA).
     reduced_kv = 1 if kv_heads == 1 else 2
     reduced_heads = reduced_kv * min(group, 2)
     _set(reduced, full, "num_attention_heads", reduced_heads)
-    for part, part_full in _with_subconfigs(reduced, full):
-        for key in KV_HEAD_KEYS:
-            if part is reduced or _int_attribute(part_full, key):
-                _set(part, part_full, key, reduced_kv)
-                break
+    _set_kv_heads(reduced, full, reduced_kv)
     # Sized so that hidden_size / heads is the real head dim wherever a config derives head_dim from it.
     _set(reduced, full, "hidden_size", reduced_heads * _full_head_dim(full))
+
+
+def _set_kv_heads(reduced: dict, full, kv_heads: int) -> None:
+    """Set the key/value head count under every spelling the config or its class has. One left at the full count
+    (Falcon's num_kv_heads beside a num_key_value_heads the class ignores) gives the fused QKV projection more KV
+    heads than query heads, and a tensor-parallel run a split of size 0."""
+    for part, part_full in _with_subconfigs(reduced, full):
+        keys = [key for key in KV_HEAD_KEYS if key in part or _int_attribute(part_full, key)]
+        for key in keys or (KV_HEAD_KEYS[:1] if part is reduced else []):
+            _set(part, part_full, key, kv_heads)
 
 
 def _reduce_experts(reduced: dict, full, notes: list[str]) -> None:
@@ -196,6 +232,10 @@ def _reduce_widths(reduced: dict, full, *, keep_latent_ranks: bool = False) -> N
     for key, rank in LOW_RANK.items():
         if _int_attribute(full, key) and not keep_latent_ranks:
             reduced[key] = rank
+    linear = reduced.get("linear_attn_config")
+    if isinstance(linear, dict) and isinstance(linear.get("num_heads"), int):
+        # Kimi-Linear's KDA heads keep their head dim; 4 heads still split over tp 2 and 4.
+        linear["num_heads"] = min(linear["num_heads"], 4)
     if _int_attribute(full, "mamba_dt_rank"):
         reduced["mamba_dt_rank"] = 8
     if _int_attribute(full, "mamba_num_heads"):
@@ -224,13 +264,15 @@ def _cap(reduced: dict, full, keys: tuple[str, ...], most: int) -> None:
             _set(reduced, full, key, min(value, most))
 
 
-def _cut_layers(reduced: dict, full, layers: int, full_layers: int) -> None:
-    _set(reduced, full, "num_hidden_layers", layers)
-    for key, value in list(reduced.items()):
-        if key in LAYER_INDEX_KEYS and isinstance(value, list):
-            reduced[key] = [index for index in value if index < layers]
-        elif isinstance(value, list | str) and len(value) == full_layers and key not in TOKEN_ID_KEYS:
-            reduced[key] = value[:layers]
+def _cut_layers(reduced: dict, layers: int) -> tuple[dict, list[str]]:
+    """The first ``layers`` layers, every per-layer key following at any depth (``layers.remap_layer_keys``: index
+    lists renumbered in their own base, per-layer lists and strings sliced). Periods and intervals
+    (``decoder_sparse_step``, ``attn_layer_period``) read the same on a prefix, so the remapper's reminder that
+    kept layers must follow them does not apply here."""
+    from .layers import remap_layer_keys
+
+    cut, notes = remap_layer_keys(reduced, list(range(layers)))
+    return cut, [note for note in notes if "is a period" not in note]
 
 
 def _invariants(full, reduced) -> tuple[list[str], list[str]]:
@@ -240,12 +282,12 @@ def _invariants(full, reduced) -> tuple[list[str], list[str]]:
     def rule(name: str, holds: bool) -> None:
         checks.append((name, holds))
 
-    rule("num_attention_heads % num_key_value_heads == 0",
-         reduced.num_attention_heads % (getattr(reduced, "num_key_value_heads", None) or 1) == 0)
+    kv_heads = next((value for key in KV_HEAD_KEYS if (value := _int_attribute(reduced, key))), 1)
+    rule("num_attention_heads % num_key_value_heads == 0", reduced.num_attention_heads % kv_heads == 0)
     if getattr(full, "head_dim", None) is not None:
         rule("head_dim unchanged", reduced.head_dim == full.head_dim)
-    if getattr(full, "qk_rope_head_dim", None) is not None:
-        # transformers' DeepSeek-V3 derives head_dim from the rope part of MLA.
+    if getattr(full, "qk_rope_head_dim", None) is not None and full.head_dim == full.qk_rope_head_dim:
+        # transformers' DeepSeek-V3 derives head_dim from the rope part of MLA (Kimi-Linear's keeps its own).
         rule("head_dim == qk_rope_head_dim", reduced.head_dim == reduced.qk_rope_head_dim)
     experts = next((getattr(reduced, key) for key in EXPERT_COUNT_KEYS if isinstance(getattr(reduced, key, None), int)),
                    None)
@@ -336,6 +378,7 @@ def reduce_config(config: dict, full_model=None, *, keep_latent_ranks: bool = Fa
         full_model = build_meta_model(full)
     full_layers = full.num_hidden_layers
     full_kinds = layer_kinds(full_model)
+    full_layout = layout_kinds(text_config_dict(config), full)
 
     reduced = {key: value for key, value in copy.deepcopy(text_config_dict(config)).items()
                if key not in IGNORED_KEYS}
@@ -362,13 +405,18 @@ def reduce_config(config: dict, full_model=None, *, keep_latent_ranks: bool = Fa
     for candidate, depth in ([shortened] if shortened else []) + [(reduced, None)]:
         if depth is None:
             # Tiny widths at full depth show where each layer kind first appears once the dense prefix is shortened.
-            tiny_full_depth = build_meta_model(load_config(candidate))
-            depth = max(index for index, _ in layer_kinds(tiny_full_depth)) + 1
-        cut = copy.deepcopy(candidate)
-        _cut_layers(cut, full, depth, full_layers)
+            tiny_config = load_config(candidate)
+            tiny_full_depth = build_meta_model(tiny_config)
+            depth = max(max(index for index, _ in layer_kinds(tiny_full_depth)),
+                        max(layout_kinds(candidate, causal_lm_config(tiny_config)).values())) + 1
+        cut, cut_notes = _cut_layers(candidate, depth)
+        _set(cut, full, "num_hidden_layers", depth)
         reduced_config = causal_lm_config(load_config(cut))
         reduced_kinds = layer_kinds(build_meta_model(reduced_config))
-        if {signature for _, signature in reduced_kinds} == full_signatures:
+        reduced_layout = layout_kinds(cut, reduced_config)
+        if {signature for _, signature in reduced_kinds} == full_signatures and reduced_layout.keys() == \
+                full_layout.keys():
+            notes += cut_notes
             if candidate is not reduced:
                 notes.append("layer periods shortened: " + ", ".join(
                     f"{key} {reduced[key]} -> {candidate[key]}" for key in sorted(candidate)
@@ -376,8 +424,10 @@ def reduce_config(config: dict, full_model=None, *, keep_latent_ranks: bool = Fa
             reduced, layers = cut, depth
             break
     else:
+        lost = [_kind_text(kind) for kind in full_layout if kind not in reduced_layout]
         raise ValueError(f"the reduced {config.get('model_type')} lost a layer kind: "
-                         f"{len(reduced_kinds)} kinds instead of {len(full_kinds)}")
+                         + (f"no {', '.join(lost)} layer" if lost else
+                            f"{len(reduced_kinds)} module kinds instead of {len(full_kinds)}"))
     checked, broken = _invariants(full, reduced_config)
     if broken:
         raise ValueError(f"the reduced {config.get('model_type')} breaks {', '.join(broken)}")
@@ -385,7 +435,7 @@ def reduce_config(config: dict, full_model=None, *, keep_latent_ranks: bool = Fa
         notes.append(f"{full_layers} layers -> {layers}")
     return Reduction(config=reduced, full_layers=full_layers, layers=layers,
                      layer_kinds=[describe_kind(index, signature) for index, signature in full_kinds],
-                     invariants=checked, notes=notes)
+                     invariants=checked, notes=notes, layout_kinds=[_kind_text(kind) for kind in full_layout])
 
 
 def parameter_count(model) -> int:
@@ -412,11 +462,7 @@ def _scale_heads(reduced: dict, full, factor: int) -> None:
     heads = text.num_attention_heads
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     _set(reduced, full, "num_attention_heads", heads * factor)
-    for part, part_full in _with_subconfigs(reduced, full):
-        for key in KV_HEAD_KEYS:
-            if part is reduced or _int_attribute(part_full, key):
-                _set(part, part_full, key, kv_heads * factor)
-                break
+    _set_kv_heads(reduced, full, kv_heads * factor)
     _set(reduced, full, "hidden_size", heads * factor * _full_head_dim(full))
 
 

@@ -340,3 +340,28 @@ def test_work_folders_are_removed_on_return_on_error_and_after_a_kill(tmp_path, 
     (tmp_path / "d0-shard-no-owner").mkdir()
     assert workdirs.remove_stale() == [str(tmp_path / "d0-shard-killed")]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["d0-serve-running", "d0-shard-no-owner"]
+
+
+def test_a_model_with_a_cache_class_of_its_own_gets_that_class():
+    """MiniMax refuses any cache but its own MiniMaxCache (its lightning-attention states live apart): the reference
+    and every rank must make the one the model accepts; others get transformers' DynamicCache from the config."""
+    import torch
+    from transformers import DynamicCache
+
+    from workers.engine.sharding.reference import new_cache
+
+    minimax = build_random_model(load_config(reduce_for_layout(load("minimax-m1.json")).config),
+                                 dtype=torch.float32, device=torch.device("cpu"), seed=0)
+    llama = build_random_model(load_config(reduce_for_layout(load("llama-3.2-1b.json")).config),
+                               dtype=torch.float32, device=torch.device("cpu"), seed=0)
+    assert type(new_cache(minimax)).__name__ == "MiniMaxCache"
+    assert type(new_cache(llama)) is DynamicCache
+
+
+@pytest.mark.slow
+def test_minimax_lightning_attention_split_into_pipeline_stages_matches_the_reference():
+    # Each stage's skipped layers take a placeholder in a cache that grows as it is updated (MiniMaxCache is made
+    # without the config); the run used to stop on an IndexError there.
+    report = run_sharded(load("minimax-m1.json"), pp=2, decode_steps=4, timeout_s=180)
+    assert report["correct"], report.get("error")
+    assert report["greedy_match"]

@@ -38,8 +38,10 @@ class SkippedLayer(nn.Module):
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         layers = getattr(cache, "layers", None)
         # A hybrid cache (Jamba, Qwen3-Next) keeps a state of fixed size for Mamba and linear-attention layers:
-        # those have no length to keep, and no update().
-        if cache is not None and (layers is None or hasattr(layers[self.layer_idx], "update")):
+        # those have no length to keep, and no update(). A cache made without the config (MiniMax's own) grows its
+        # layers as they are updated: a layer it has not reached yet takes the placeholder.
+        if cache is not None and (layers is None or self.layer_idx >= len(layers)
+                                  or hasattr(layers[self.layer_idx], "update")):
             batch, length = hidden_states.shape[:2]
             placeholder = hidden_states.new_zeros(batch, 1, length, 1)
             try:

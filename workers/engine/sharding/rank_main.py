@@ -146,7 +146,6 @@ def _split_share(stage_parameters: dict[str, int], model, ideal: float) -> dict:
 def run_rank(job: dict) -> dict:
     import torch
     import torch.distributed as dist
-    from transformers import DynamicCache
 
     from .compare import compare_traces
     from .verdict import exercised_axes, split_verdict
@@ -156,7 +155,7 @@ def run_rank(job: dict) -> dict:
     from .layout import Layout, parse_fault
     from .measure import CollectiveMeter, RoutingRecorder, peak_memory, routing_summary
     from .pipeline_parallel import stage_forward
-    from .reference import greedy_decode, reference_trace
+    from .reference import greedy_decode, new_cache, reference_trace
     from .tensor_parallel import Group
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -209,7 +208,7 @@ def run_rank(job: dict) -> dict:
 
     first, last = stage == 0, stage == layout.pp - 1
     previous_rank, next_rank = rank - layout.group_size, rank + layout.group_size
-    cache = DynamicCache(config=config)
+    cache = new_cache(model)
 
     def step(input_ids, position_ids):
         hidden = None
@@ -279,7 +278,7 @@ def run_rank(job: dict) -> dict:
         "backend": backend, "device": device.type, "dtype": job["dtype"],
         "reference": {"device": "cpu", "dtype": "fp32", "rank": layout.reporting_rank},
         "decode_steps": job["decode_steps"], "prompt_tokens": job["prompt_tokens"],
-        "decoding": "greedy with a KV cache (transformers DynamicCache), batch 1",
+        "decoding": "greedy with a KV cache (transformers DynamicCache, or the model's own cache class), batch 1",
         **verdict,
         "ranks": gathered,
         "fault": job.get("fault"),

@@ -49,12 +49,31 @@ def greedy_decode(step: Callable, prompt_ids, decode_steps: int, next_token: Cal
     return trace
 
 
+def new_cache(model):
+    """An empty KV cache of the kind the model's forward accepts: transformers' ``DynamicCache`` built from the
+    config (it lays out sliding, linear-attention and state-space layers itself), or the cache class of the model's
+    own module where it declares one (MiniMax's ``MiniMaxCache`` keeps its lightning-attention states apart and
+    refuses any other)."""
+    import inspect
+    import sys
+
+    from transformers import DynamicCache
+
+    module = sys.modules.get(type(model).__module__)
+    own = [value for value in vars(module).values() if isinstance(value, type) and issubclass(value, DynamicCache)
+           and value is not DynamicCache and value.__module__ == module.__name__] if module else []
+    if not own:
+        return DynamicCache(config=model.config)
+    cache_class = own[0]
+    takes_config = "config" in inspect.signature(cache_class.__init__).parameters
+    return cache_class(config=model.config) if takes_config else cache_class()
+
+
 def reference_trace(model, prompt_ids, decode_steps: int) -> Trace:
     """The unsharded model, in one process, on the CPU in float32: what every sharded run must reproduce."""
     import torch
-    from transformers import DynamicCache
 
-    cache = DynamicCache(config=model.config)
+    cache = new_cache(model)
 
     def step(input_ids, position_ids):
         return model(input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True).logits

@@ -171,7 +171,8 @@ def mla_head_plan(model, plan: dict, group_size: int) -> tuple[dict, dict]:
     import torch
 
     added, found = {}, []
-    for name, module in model.named_modules():
+    modules = dict(model.named_modules())
+    for name, module in modules.items():
         if not _is_mla(module):
             continue
         heads = getattr(module, "num_heads", None) or model.config.num_attention_heads
@@ -180,6 +181,10 @@ def mla_head_plan(model, plan: dict, group_size: int) -> tuple[dict, dict]:
         if heads % group_size:
             return {}, {"kept_whole": f"{heads} heads do not split over {group_size} ranks"}
         key = _LAYER_INDEX.sub(".*.", name, count=1)
+        if not all(_is_mla(other) for other_name, other in modules.items() if _pattern(key).fullmatch(other_name)):
+            # A hybrid (Kimi-Linear: KDA in most layers, MLA in a few) names its other mixers alike; a layer
+            # wildcard would split their q_proj too, away from their whole short convolutions.
+            key = name
         found.append(key)
         for child, style in {**MLA_SPLIT, **dict.fromkeys(MLA_REPLICATED, "replicated")}.items():
             entry = f"{key}.{child}"

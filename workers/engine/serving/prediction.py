@@ -13,6 +13,7 @@ overhead in the engine (scheduling, Python, sampling), which the roofline does n
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from ..sweep.result import Efficiency
@@ -75,19 +76,26 @@ class CostModels:
 
 
 def roofline_figures(cost, lengths: list[tuple[int, int]], concurrency: int, batched: int, flops: float,
-                     bandwidth: float) -> tuple[dict, dict]:
-    """The ledger's metrics as the roofline predicts them, and the roofline itself:
-    output tokens/s = output tokens / (prefill + decode seconds); TTFT = one prefill step (a request's prompt is
-    prefilled in one step beside the others in flight, and its first token comes out of it); TPOT = one decode
-    step (each step makes one token for every request in flight); memory = the weights + the KV cache of the
-    requests in flight at their longest context (the runtime, its libraries and an engine's preallocated cache are
-    not modelled: the calibration carries them)."""
+                     bandwidth: float, in_flight: int | None = None) -> tuple[dict, dict]:
+    """The ledger's metrics as the roofline predicts them, and the roofline itself (``concurrency``: the requests a
+    step carries; ``in_flight``: those the client keeps sent, which may be more):
+    output tokens/s = output tokens / (prefill + decode seconds); TPOT = one decode step (each step makes one token
+    for every request in flight); TTFT = one prefill step (a request's prompt is prefilled in one step beside the
+    others, and its first token comes out of it) + its wait for a place in the batch: with more requests in flight
+    than the engine batches, a closed loop's requests after the first wave wait (waves - 1) requests' service
+    (a prefill step and a decode step per later token), waves = ceil(in flight / concurrency); memory = the
+    weights + the KV cache of the requests in flight at their longest context (the runtime, its libraries and an
+    engine's preallocated cache are not modelled: the calibration carries them)."""
     predicted = predict(cost, lengths, concurrency=concurrency, max_batch_tokens=batched, flops_per_s=flops,
                         bytes_per_s=bandwidth)
     output_tokens = sum(output for _, output in lengths)
+    prefill_step, decode_step = predicted["prefill"]["step_seconds"] or 0.0, predicted["decode"]["step_seconds"] or 0.0
+    waves = math.ceil((in_flight or concurrency) / concurrency)
+    outputs = sorted(output for _, output in lengths)
+    service = prefill_step + (outputs[len(outputs) // 2] - 1) * decode_step if outputs else 0.0
     longest = sorted((cost.kv_bytes(prompt + output) for prompt, output in lengths), reverse=True)[:concurrency]
     figures = {"output_tokens_per_s": output_tokens / predicted["seconds"] if predicted["seconds"] else None,
-               "ttft_s": predicted["prefill"]["step_seconds"], "tpot_s": predicted["decode"]["step_seconds"],
+               "ttft_s": prefill_step + (waves - 1) * service or None, "tpot_s": decode_step or None,
                "peak_memory_bytes": cost.dense_weight_bytes + cost.expert_weight_bytes + sum(longest)}
     return figures, predicted
 
@@ -108,7 +116,7 @@ def trial_prediction(models: CostModels, checkpoint: Path, trial: dict, lengths:
     in_flight = (trial.get("workload") or {}).get("concurrency") or trial["settings"].get("max_num_seqs", 1)
     concurrency = min(in_flight, trial["settings"].get("max_num_seqs") or in_flight)
     batched = trial["settings"].get("max_num_batched_tokens") or DEFAULT_BATCHED_TOKENS
-    roofline, _ = roofline_figures(cost, lengths, concurrency, batched, flops, bandwidth)
+    roofline, _ = roofline_figures(cost, lengths, concurrency, batched, flops, bandwidth, in_flight)
     predicted, basis = calibrated(roofline, calibration)
     return {"available": True, "roofline": roofline, "predicted": predicted, "basis": basis,
             "calibration": calibration, "precision": precision, "concurrency": concurrency,

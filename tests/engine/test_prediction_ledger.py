@@ -16,6 +16,8 @@ from workers.engine.serving.checkpoint import write_validation_checkpoint
 from workers.engine.serving.engines import Engine
 from workers.engine.serving.simulated import SimulatedEngine
 from workers.engine.sweep.metrics import summarize
+from workers.engine.sweep.result import ServeSweepResult
+from workers.engine.sweep.trial_row import serve_sweep_table
 from workers.engine.sweep.workload import Workload
 
 serve_sweep = importlib.import_module("workers.engine.serving.serve_sweep")
@@ -88,6 +90,13 @@ def test_after_a_serve_sweep_every_served_trial_carries_its_prediction_beside_it
     assert len(rows) == len(served) * len(ledger.METRICS)
     first = next(row for row in rows if row["trial"] == served[0]["id"] and row["metric"] == "tpot_s")
     assert first["measured"] == served[0]["metrics"]["tpot_s"]["p50"]
+    # The report's trial table (page and CSV) shows the prediction beside the measurement.
+    table = serve_sweep_table(ServeSweepResult.from_dict(result))
+    assert {"predicted tok/s", "predicted TPOT"} <= {column.header for column in table.page_columns}
+    record = next(record for record in table.records() if record["id"] == served[0]["id"])
+    assert record["predicted_output_tokens_per_s"] == served[0]["prediction"]["predicted"]["output_tokens_per_s"]
+    assert record["output_tokens_per_s"] == served[0]["metrics"]["output_tokens_per_s"]
+    assert record["prediction_basis"].startswith("roofline from the node's env-check figures")
     # The recipe stores the prediction of its trial beside what it measured.
     assert result["recipe"]["prediction"]["ledger"]["roofline"]["output_tokens_per_s"] > 0
     assert result["recipe"]["trial"] == result["best"]["id"]

@@ -141,8 +141,9 @@ def main() -> None:
         results[metric] = {"before": before[metric], "after": after[metric], "noise_floor": noise,
                            "goal_met": met if goal else None}
     if args.json:
-        args.json.write_text(json.dumps({"hardware": hardware, "calibration": fitted, "results": results,
-                                         "search": search, "trials": trials}, indent=2, default=str))
+        args.json.write_text(json.dumps({"engine": described, "hardware": hardware, "calibration": fitted,
+                                         "results": results, "search": search, "trials": trials}, indent=2,
+                                        default=str))
 
 
 if __name__ == "__main__":

@@ -79,3 +79,23 @@ def test_the_next_serve_sweep_is_calibrated_on_the_clusters_trials_and_on_no_oth
     assert calibration["ratios"]["tpot_s"] == 4.0
     # Another engine's trials calibrate nothing for this one.
     assert ServeSweep().prepare(job, {"engine": "sglang"}, [node])["calibration"] is None
+
+
+def test_the_engine_report_says_what_d0_predicted_for_the_recipes_trial_and_on_what(cluster, node, model_spec,
+                                                                                   owner, member):
+    run = serve_sweep_run(cluster, node, model_spec, owner)
+    entry = {**run.result["trials"][0]["prediction"], "basis": "calibrated on 6 trials of this cluster"}
+    entry["predicted"] = {"output_tokens_per_s": 123.4, "ttft_s": 0.0123, "tpot_s": 0.0456,
+                          "peak_memory_bytes": 3 * 2**30}
+    run.result = {**run.result, "best": {"id": 0, "settings": {"max_num_seqs": 4}},
+                  "recipe": {"engine": "vllm", "settings": {"max_num_seqs": 4}, "trial": 0, "command": "vllm serve",
+                             "measured": {"output_tokens_per_s": 100.0},
+                             "prediction": {"available": False, "reason": "no figures", "ledger": entry}}}
+    run.save(update_fields=["result"])
+    client = Client()
+    client.force_login(member)
+    page = client.get(f"/engines/{run.pk}/").content.decode()
+    line = page[page.index('class="prediction-ledger"'):]
+    line = " ".join(line[:line.index("</p>")].split())
+    assert "d0 predicted for this trial 123.4 output tokens/s, TTFT 0.0123 s, TPOT 0.0456 s, 3.0" in line
+    assert "(calibrated on 6 trials of this cluster)" in line

@@ -151,3 +151,23 @@ def test_the_error_distribution_is_the_median_and_p90_per_engine_and_metric():
 def test_a_malformed_calibration_is_refused_naming_what_is_wrong(calibration, message):
     with pytest.raises(ValueError, match=message):
         ledger.check_calibration(calibration)
+
+
+def test_the_ledger_verb_prints_the_error_distribution_of_stored_results(checkpoint, tmp_path, monkeypatch, capsys):
+    from workers.engine.__main__ import main
+
+    result = sweep(checkpoint, tmp_path, monkeypatch, {"requests": 4, "prompt_len": 16, "output_len": 8},
+                   {"max_num_seqs": [2], "concurrency": [1, 2]})
+    stored = tmp_path / "result.json"
+    stored.write_text(json.dumps(result))
+    assert main(["ledger", str(stored), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = ledger.rows_of(result, source=str(stored))
+    assert report["rows"] == len(rows) == 6 * len(ledger.METRICS)
+    assert report["errors"] == json.loads(json.dumps(ledger.error_table(rows)))
+    assert report["calibrations"]["vllm"]["trials"] == 6
+    assert main(["ledger", str(stored)]) == 0
+    assert "calibrated on 6 trials" in capsys.readouterr().out
+    (tmp_path / "list.json").write_text("[]")
+    assert main(["ledger", str(tmp_path / "list.json")]) == 2
+    assert "holds no serve sweep result" in capsys.readouterr().err

@@ -99,3 +99,15 @@ def test_the_engine_report_says_what_d0_predicted_for_the_recipes_trial_and_on_w
     line = " ".join(line[:line.index("</p>")].split())
     assert "d0 predicted for this trial 123.4 output tokens/s, TTFT 0.0123 s, TPOT 0.0456 s, 3.0" in line
     assert "(calibrated on 6 trials of this cluster)" in line
+
+
+def test_the_api_gives_the_clusters_ledger_to_its_team_only(cluster, node, model_spec, owner, member_api,
+                                                            outsider_api):
+    serve_sweep_run(cluster, node, model_spec, owner)
+    response = member_api.get(f"/api/clusters/{cluster.pk}/prediction-ledger/")
+    assert response.status_code == 200, response.content
+    ledger = response.json()
+    throughput = next(row for row in ledger["table"] if row["metric"] == "output_tokens_per_s")
+    assert throughput["trials"] == 5 and throughput["median"] == 3.0 and throughput["roofline"]["median"] == 3.0
+    assert ledger["calibrations"][0]["trials"] == 5
+    assert outsider_api.get(f"/api/clusters/{cluster.pk}/prediction-ledger/").status_code == 404

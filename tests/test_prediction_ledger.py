@@ -52,6 +52,7 @@ def test_the_cluster_page_shows_the_error_distribution_per_engine_and_metric(clu
     assert rows["TPOT (p50)"][2:5] == ["5", "75.0%", "79.1%"]
     assert {"TTFT (p50)", "peak memory"} <= set(rows)
     assert escape("calibrated on 5 trials of this cluster") in ledger
+    assert "output tok/s × 0.250" in ledger and "TPOT (p50) × 4.000" in ledger  # 100/400 .. 320/1600; .04/.01 ..
 
 
 def test_a_cluster_without_measured_trials_says_it_has_none(cluster, node, member):

@@ -31,8 +31,11 @@ def error_distribution(cluster: Cluster) -> dict:
     table = [{**entry, "roofline": roofline.get((entry["engine"], entry["metric"]))}
              for entry in ledger.error_table(rows, "predicted")]
     engines = sorted({row["engine"] for row in rows})
-    return {"table": table, "calibrations": [ledger.fit_calibration(rows, engine) for engine in engines],
-            "metrics": ledger.METRICS}
+    calibrations = [ledger.fit_calibration(rows, engine) for engine in engines]
+    return {"table": table, "metrics": ledger.METRICS,
+            "calibrations": [{**fitted, "shown": [{"label": ledger.METRICS[metric], "ratio": ratio}
+                                                  for metric, ratio in fitted["ratios"].items()]}
+                             for fitted in calibrations if fitted]}
 
 
 def calibration(cluster: Cluster, engine: str) -> dict | None:

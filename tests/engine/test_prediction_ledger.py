@@ -15,6 +15,7 @@ from workers.engine.serving import ledger
 from workers.engine.serving.checkpoint import write_validation_checkpoint
 from workers.engine.serving.engines import Engine
 from workers.engine.serving.simulated import SimulatedEngine
+from workers.engine.sweep.line_fit import least_squares_line
 from workers.engine.sweep.metrics import summarize
 from workers.engine.sweep.result import ServeSweepResult
 from workers.engine.sweep.trial_row import serve_sweep_table
@@ -111,17 +112,20 @@ def test_a_second_sweep_calibrated_on_the_first_is_predicted_closer_to_what_it_m
     assert calibration["ratios"]["output_tokens_per_s"] < 0.5 and calibration["ratios"]["tpot_s"] > 2
     second = sweep(checkpoint, tmp_path, monkeypatch, *SECOND, calibration=calibration)
     trial = next(trial for trial in second["trials"] if trial["status"] == "ok")
-    assert trial["prediction"]["basis"] == "calibrated on 18 trials of this cluster"
+    # The sentence names the trials behind it and each metric's fit: a line where the time metrics spread.
+    assert trial["prediction"]["basis"].startswith("calibrated on 18 trials of this cluster (fixed cost + slope x ")
+    # TTFT's roofline spreads with the waves a closed loop waits: a line. The decode step's roofline reads the same
+    # weights at every batch (it spreads by less than a fifth), so TPOT keeps its ratio, as throughput does here.
+    assert "ttft_s" in calibration["lines"] and "tpot_s" not in calibration["lines"]
     rows = ledger.rows_of(second, source="second")
     calibrated = {entry["metric"]: entry for entry in ledger.error_table(rows, "predicted")}
     uncalibrated = {entry["metric"]: entry for entry in ledger.error_table(rows, "roofline")}
-    # TTFT is left out: a closed loop's TTFT is mostly a wait for a place in the batch, a few steps of the engine's
-    # fixed per-step cost, which no ratio of the roofline's prefill step carries from one workload to another (its
-    # error is reported all the same: docs/benchmarks/prediction-ledger.md).
-    for metric in ("output_tokens_per_s", "tpot_s", "peak_memory_bytes"):
+    for metric in ledger.METRICS:
         assert calibrated[metric]["median"] < uncalibrated[metric]["median"], metric
     # Closer by far, not by a hair: the roofline alone is off by more than half on throughput and TPOT.
-    for metric in ("output_tokens_per_s", "tpot_s"):
+    # TTFT too: a closed loop's TTFT is mostly a wait for a place in the batch, a few steps of the engine's fixed
+    # per-step cost, which the line's fixed cost carries from one workload to another (a ratio could not).
+    for metric in ("output_tokens_per_s", "ttft_s", "tpot_s"):
         assert uncalibrated[metric]["median"] > 0.5 and calibrated[metric]["median"] < 0.25, metric
 
 
@@ -147,6 +151,10 @@ def test_the_error_distribution_is_the_median_and_p90_per_engine_and_metric():
     ({"trials": 0, "ratios": {"tpot_s": 2.0}}, "trials must be a positive int"),
     ({"trials": 3, "ratios": {"latency": 2.0}}, "unknown calibration metric"),
     ({"trials": 3, "ratios": {"tpot_s": -1}}, "must be a positive number"),
+    ({"trials": 3, "ratios": {"tpot_s": 2.0}, "lines": {"peak_memory_bytes": {"fixed": 0, "slope": 1}}},
+     "no calibration line for 'peak_memory_bytes'"),
+    ({"trials": 3, "ratios": {"tpot_s": 2.0}, "lines": {"tpot_s": {"fixed": -0.1, "slope": 1}}},
+     "positive slope and a fixed cost >= 0"),
 ])
 def test_a_malformed_calibration_is_refused_naming_what_is_wrong(calibration, message):
     with pytest.raises(ValueError, match=message):
@@ -171,3 +179,60 @@ def test_the_ledger_verb_prints_the_error_distribution_of_stored_results(checkpo
     (tmp_path / "list.json").write_text("[]")
     assert main(["ledger", str(tmp_path / "list.json")]) == 2
     assert "holds no serve sweep result" in capsys.readouterr().err
+
+
+def steps(rooflines, fixed=0.004, slope=3.0, slowed=()):
+    """Rows of trials on an engine that pays ``fixed`` seconds every step beside ``slope`` x the roofline's step,
+    the trials at ``slowed`` indices 3x slower (another job on the node)."""
+    return [{"engine": "vllm", "metric": "tpot_s", "trial": index, "source": "s", "roofline": roofline,
+             "measured": (fixed + slope * roofline) * (3 if index in slowed else 1)}
+            for index, roofline in enumerate(rooflines)]
+
+
+def test_a_fixed_cost_per_step_is_fitted_by_a_line_that_predicts_other_batches_better_than_one_ratio():
+    # Small batches (short roofline steps) are mostly the fixed cost: measured / roofline falls from 43 to 5.
+    history = steps([0.0001, 0.0002, 0.0004, 0.0008, 0.0016, 0.002])
+    calibration = ledger.fit_calibration(history, "vllm")
+    line = calibration["lines"]["tpot_s"]
+    assert line["fixed"] == pytest.approx(0.004) and line["slope"] == pytest.approx(3.0)
+    held_out = steps([0.00005, 0.005])  # a smaller and a larger step than any calibrated on
+    fitted = [ledger.calibrate_figure("tpot_s", row["roofline"], calibration) for row in held_out]
+    one_ratio = [row["roofline"] * calibration["ratios"]["tpot_s"] for row in held_out]
+    for row, by_line, by_ratio in zip(held_out, fitted, one_ratio, strict=True):
+        assert ledger.relative_error(by_line, row["measured"]) < 1e-9
+        assert ledger.relative_error(by_ratio, row["measured"]) > 0.8  # the ratio is off by 80% or more
+    # Two runs of eight slowed 3x by a loaded machine leave the line close (a least-squares line would not be).
+    slowed = steps([0.0001 * 2**k for k in range(8)], slowed={1, 6})
+    noisy = ledger.fit_calibration(slowed, "vllm")
+    assert noisy["lines"]["tpot_s"]["fixed"] == pytest.approx(0.004, rel=0.1)
+    assert noisy["lines"]["tpot_s"]["slope"] == pytest.approx(3.0, rel=0.1)
+    _, slope = least_squares_line([(row["roofline"], row["measured"]) for row in slowed])
+    assert abs(slope - 3.0) > 0.75  # least squares: a quarter off or more
+
+
+def test_throughput_is_fitted_in_seconds_per_token_and_predicted_back_as_tokens_per_second():
+    # 1 / tok/s = 0.002 + 2 x roofline's 1 / tok/s
+    history = [{"engine": "vllm", "metric": "output_tokens_per_s", "trial": index, "roofline": roofline,
+                "measured": 1 / (0.002 + 2 / roofline)} for index, roofline in enumerate([100, 400, 1600, 6400])]
+    calibration = ledger.fit_calibration(history, "vllm")
+    assert calibration["lines"]["output_tokens_per_s"]["unit"] == "s per output token"
+    assert ledger.calibrate_figure("output_tokens_per_s", 800, calibration) == pytest.approx(1 / (0.002 + 2 / 800))
+
+
+@pytest.mark.parametrize("rooflines", [[0.001, 0.002], [0.001, 0.0011, 0.00105]],
+                         ids=["fewer than three trials", "rooflines that do not spread"])
+def test_without_enough_spread_trials_the_single_ratio_stays(rooflines):
+    calibration = ledger.fit_calibration(steps(rooflines), "vllm")
+    assert calibration["lines"] == {}
+    ratio = calibration["ratios"]["tpot_s"]
+    assert ledger.calibrate_figure("tpot_s", 0.001, calibration) == pytest.approx(0.001 * ratio)
+    _, basis = ledger.calibrated({"tpot_s": 0.001}, calibration)
+    assert basis == f"calibrated on {len(rooflines)} trials of this cluster (median measured / roofline for TPOT (p50))"
+
+
+def test_a_calibration_stored_before_the_lines_still_reads_as_ratios():
+    old = {"engine": "vllm", "trials": 4, "ratios": {"tpot_s": 4.0, "output_tokens_per_s": 0.25}, "method": "median"}
+    assert ledger.check_calibration(old) is old
+    figures, basis = ledger.calibrated({"tpot_s": 0.001, "output_tokens_per_s": 1000.0, "ttft_s": 0.01}, old)
+    assert figures == {"tpot_s": 0.004, "output_tokens_per_s": 250.0, "ttft_s": 0.01}
+    assert basis.startswith("calibrated on 4 trials of this cluster (median measured / roofline for output tok/s")

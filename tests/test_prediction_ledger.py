@@ -52,7 +52,10 @@ def test_the_cluster_page_shows_the_error_distribution_per_engine_and_metric(clu
     assert rows["TPOT (p50)"][2:5] == ["5", "75.0%", "79.1%"]
     assert {"TTFT (p50)", "peak memory"} <= set(rows)
     assert escape("calibrated on 5 trials of this cluster") in ledger
-    assert "output tok/s × 0.250" in ledger and "TPOT (p50) × 4.000" in ledger  # 100/400 .. 320/1600; .04/.01 ..
+    # TPOT's roofline is the same in every trial: no line, the median ratio (.04/.01 ..). Throughput's spreads 4x:
+    # a line in seconds per token (1/100 = 0.000991 + 3.41 x 1/400 .., Theil-Sen's median slope).
+    assert "TPOT (p50): roofline × 4;" in ledger
+    assert "output tok/s: 1 / (0.000991 s + 3.41 × the roofline&#x27;s s per token)" in ledger
 
 
 def test_a_cluster_without_measured_trials_says_it_has_none(cluster, node, member):
@@ -111,4 +114,5 @@ def test_the_api_gives_the_clusters_ledger_to_its_team_only(cluster, node, model
     throughput = next(row for row in ledger["table"] if row["metric"] == "output_tokens_per_s")
     assert throughput["trials"] == 5 and throughput["median"] == 3.0 and throughput["roofline"]["median"] == 3.0
     assert ledger["calibrations"][0]["trials"] == 5
+    assert ledger["calibrations"][0]["lines"]["output_tokens_per_s"]["slope"] > 0
     assert outsider_api.get(f"/api/clusters/{cluster.pk}/prediction-ledger/").status_code == 404

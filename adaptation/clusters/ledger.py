@@ -33,9 +33,7 @@ def error_distribution(cluster: Cluster) -> dict:
     engines = sorted({row["engine"] for row in rows})
     calibrations = [ledger.fit_calibration(rows, engine) for engine in engines]
     return {"table": table, "metrics": ledger.METRICS,
-            "calibrations": [{**fitted, "shown": [{"label": ledger.METRICS[metric], "ratio": ratio}
-                                                  for metric, ratio in fitted["ratios"].items()]}
-                             for fitted in calibrations if fitted]}
+            "calibrations": [{**fitted, "shown": ledger.describe_fits(fitted)} for fitted in calibrations if fitted]}
 
 
 def calibration(cluster: Cluster, engine: str) -> dict | None:

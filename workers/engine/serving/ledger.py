@@ -167,6 +167,23 @@ def check_calibration(value) -> dict:
     return value
 
 
+def describe_fits(calibration: dict) -> list[dict]:
+    """Each metric's fit as the cluster page and the ``ledger`` verb show it: its label, and the fit as a formula
+    of the roofline's figure."""
+    lines = calibration.get("lines") or {}
+    shown = []
+    for metric, ratio in calibration["ratios"].items():
+        line = lines.get(metric)
+        if line and metric in RECIPROCAL_METRICS:
+            fit = f"1 / ({line['fixed']:.3g} s + {line['slope']:.3g} × the roofline's s per token)"
+        elif line:
+            fit = f"{line['fixed']:.3g} s + {line['slope']:.3g} × roofline"
+        else:
+            fit = f"roofline × {ratio:.3g}"
+        shown.append({"metric": metric, "label": METRICS[metric], "ratio": ratio, "line": line, "fit": fit})
+    return shown
+
+
 def calibrate_figure(metric: str, roofline, calibration: dict):
     """One roofline figure as the calibration predicts it: on its line where the metric has one, else x its
     ratio, else as it is."""

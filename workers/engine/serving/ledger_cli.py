@@ -43,6 +43,6 @@ def format_summary(report: dict) -> str:
         lines.append(f"{entry['engine']:8s} {entry['label']:14s} {entry['trials']:6d} {entry['median']:8.1%} "
                      f"{entry['p90']:8.1%}   {alone['median']:.1%} / {alone['p90']:.1%}")
     for engine, fitted in report["calibrations"].items():
-        lines.append(f"{engine}: calibrated on {fitted['trials']} trials: " + ", ".join(
-            f"{metric} x {ratio:.3g}" for metric, ratio in fitted["ratios"].items()))
+        lines.append(f"{engine}: calibrated on {fitted['trials']} trials: " + "; ".join(
+            f"{shown['label']} {shown['fit']}" for shown in ledger.describe_fits(fitted)))
     return "\n".join(lines)

@@ -7,7 +7,8 @@
    three times within its engine start, as the serve sweep serves them (``serve_sweep.run_search``); each trial gets
    d0's prediction as the sweep gives it (``serve_sweep.predict_trials``: the roofline of the served checkpoint).
 3. The trials split in two halves: within each configuration its runs alternate between the halves (so that both
-   see every configuration). The calibration is fitted on the first half (``ledger.fit_calibration``) and the
+   see every configuration). The calibration is fitted on the first half (``ledger.fit_calibration``: a line,
+   fixed cost + slope x roofline, for the time metrics whose trials spread; the median ratio otherwise) and the
    error measured on the second, held out: the roofline's error (before) and the calibrated prediction's (after).
 
 Printed per metric: the median and P90 of the relative error before and after. Goal after: median <= 10% and
@@ -18,6 +19,7 @@ other.
 
     python benchmarks/prediction_ledger.py [--grid '{"max_num_seqs": [4, 8], "concurrency": [1, 2, 4, 8]}']
                                            [--json results.json]
+    python benchmarks/prediction_ledger.py --replay results.json   # no engine: the stored run's trials refitted
 """
 
 import argparse
@@ -83,7 +85,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--grid", type=json.loads, default=GRID)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--replay", type=Path, help="a --json file of an earlier run: its trials' stored rooflines "
+                                                    "and measurements refitted by today's calibration, no engine run")
     args = parser.parse_args()
+    if args.replay:
+        stored = json.loads(args.replay.read_text())
+        # Runs stored before the engine was recorded beside the trials were all of vLLM.
+        described = stored.get("engine") or {"name": "vllm"}
+        served = [trial for trial in stored["trials"] if trial["status"] == "ok"]
+        calibration_half, held_out = halves(served)
+        fitted = ledger.fit_calibration(ledger.rows_of({"engine": described, "trials": calibration_half}), "vllm")
+        for trial in held_out:
+            # The roofline does not depend on the calibration: the stored one is predicted again with today's fit.
+            predicted, basis = ledger.calibrated(trial["prediction"]["roofline"], fitted)
+            trial["prediction"] = {**trial["prediction"], "predicted": predicted, "basis": basis,
+                                   "calibration": fitted}
+        print(f"replayed {args.replay}: {len(served)} trials served: calibrated on {len(calibration_half)}, error "
+              f"measured on the other {len(held_out)} (held out)")
+        report(described, served, held_out, fitted)
+        return
     if not os.environ.get("D0_ENGINES"):
         os.environ["D0_ENGINES"] = f"vllm={ROOT / '.venv-vllm' / 'bin' / 'python'}"
     import torch
@@ -114,16 +134,26 @@ def main() -> None:
         predict_trials(session, calibration_half, workload, hardware, None)
         fitted = ledger.fit_calibration(ledger.rows_of({"engine": described, "trials": calibration_half}), "vllm")
         predict_trials(session, held_out, workload, hardware, fitted)
-    rows = ledger.rows_of({"engine": described, "trials": held_out})
-    before = {row["metric"]: row for row in ledger.error_table(rows, "roofline")}
-    after = {row["metric"]: row for row in ledger.error_table(rows, "predicted")}
     print(f"vLLM {described.get('version')} ({'CPU build' if described.get('cpu_build') else 'GPU'}), SmolLM2-135M "
           f"architecture (random bf16 weights), grid {json.dumps(args.grid)}, {WORKLOAD['requests']} requests of "
           f"{WORKLOAD['prompt_len']} + {WORKLOAD['output_len']} tokens; {len(served)} trials served: calibrated on "
           f"{len(calibration_half)}, error measured on the other {len(held_out)} (held out); "
           f"{time.perf_counter() - started:.0f} s")
-    print("calibration ratios (measured / roofline, median): "
-          + ", ".join(f"{metric} {ratio:.3g}" for metric, ratio in (fitted or {}).get("ratios", {}).items()))
+    results = report(described, served, held_out, fitted)
+    if args.json:
+        args.json.write_text(json.dumps({"engine": described, "hardware": hardware, "calibration": fitted,
+                                         "results": results, "search": search, "trials": trials}, indent=2,
+                                        default=str))
+
+
+def report(described: dict, served: list[dict], held_out: list[dict], fitted: dict | None) -> dict:
+    """Prints the fit and, per metric, the error before and after calibration on the held-out trials beside the
+    noise floor; returns the figures printed."""
+    rows = ledger.rows_of({"engine": described, "trials": held_out})
+    before = {row["metric"]: row for row in ledger.error_table(rows, "roofline")}
+    after = {row["metric"]: row for row in ledger.error_table(rows, "predicted")}
+    print("calibration: " + "; ".join(f"{shown['label']} {shown['fit']}"
+                                      for shown in (ledger.describe_fits(fitted) if fitted else [])))
     floor = noise_floor(served)
     print(f"{'metric':22s} {'before: median':>15s} {'P90':>8s} {'after: median':>15s} {'P90':>8s}  "
           f"{'noise floor: median':>20s} {'P90':>8s}  goal")
@@ -140,10 +170,7 @@ def main() -> None:
               f"{noise['p90']:8.1%}  {verdict}")
         results[metric] = {"before": before[metric], "after": after[metric], "noise_floor": noise,
                            "goal_met": met if goal else None}
-    if args.json:
-        args.json.write_text(json.dumps({"engine": described, "hardware": hardware, "calibration": fitted,
-                                         "results": results, "search": search, "trials": trials}, indent=2,
-                                        default=str))
+    return results
 
 
 if __name__ == "__main__":

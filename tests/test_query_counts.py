@@ -120,11 +120,12 @@ def test_the_cluster_page_runs_a_fixed_number_of_queries_whatever_its_node_count
     client.force_login(owner)
     cluster = Cluster.objects.create(team=team, name="big")
     # Session, user, the user's team ids, cluster, admin check, nodes, their devices (one prefetch), the cluster's
-    # recent jobs, its join tokens (the owner is an admin), its rejected node messages.
+    # recent jobs, its join tokens (the owner is an admin), its rejected node messages, its serve sweeps' results
+    # (the prediction ledger).
     add_nodes(cluster, 1)
-    assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/")) == 10
+    assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/")) == 11
     add_nodes(cluster, 8)
-    assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/")) == 10
+    assert queries_for(lambda: client.get(f"/clusters/{cluster.pk}/")) == 11
 
 
 def test_the_topology_page_and_endpoint_run_a_fixed_number_of_queries(owner, owner_api, team):

@@ -182,8 +182,20 @@ def test_serve_sweep_job_serves_every_trial_on_vllm_and_writes_a_recipe(stack, t
     assert predicted["predicted_output_tokens_per_s"] > 0 and predicted["precision"] == "bf16"
     assert (predicted["efficiency"] is None) == (predicted["note"] is not None)
     assert result["tensors"]["tensors"] == result["tensors"]["expected"]
+    # The prediction ledger: every served trial carries d0's prediction (the roofline from the env check it ran
+    # first; the cluster had no measured trial, so not calibrated) beside its measurement, and the recipe its trial's.
+    for trial in trials:
+        if trial["status"] == "ok":
+            assert trial["prediction"]["available"], trial["prediction"]
+            assert trial["prediction"]["calibration"] is None and "not calibrated" in trial["prediction"]["basis"]
+            assert all(value > 0 for value in trial["prediction"]["predicted"].values())
+    assert predicted["ledger"]["available"] and recipe["trial"] == result["best"]["id"]
     client = Client()
     client.force_login(member)
+    # The cluster page shows how far those predictions were, and the next sweep here is calibrated on them.
+    cluster_page = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    served = sum(trial["status"] == "ok" for trial in trials)
+    assert 'id="prediction-ledger"' in cluster_page and f"calibrated on {served} trials of this cluster" in cluster_page
     page = client.get(f"/engines/{run.pk}/").content.decode()
     assert "Deployment recipe" in page and "vllm 0.32.0" in page and "validation checkpoint" in page
     assert "Roofline ceiling for this workload" in page

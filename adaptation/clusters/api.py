@@ -12,7 +12,7 @@ from .. import control_messages, filtersets
 from ..api.base import TeamField, TeamScopedRelatedField, TeamScopedViewSet, ValidatedModelSerializer
 from ..models import Cluster, Device, EnvReport, JoinToken, Link, Node
 from ..teams.services import is_team_admin
-from . import services, trust
+from . import ledger, services, trust
 
 
 class ClusterSerializer(ValidatedModelSerializer):
@@ -176,6 +176,13 @@ class ClusterViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
     def topology(self, request, pk=None):
         """Nodes, devices (measured and published figures), links and each node's latest env-check verdict."""
         return Response(services.cluster_topology(self.get_object()))
+
+    @extend_schema(responses={200: dict})
+    @action(detail=True, methods=["get"], url_path="prediction-ledger")
+    def prediction_ledger(self, request, pk=None):
+        """How far d0's predictions were from what the cluster's serve sweeps measured (per engine and metric: trials,
+        median and P90 relative error, and the roofline's alone) and the calibration its next serve sweep is given."""
+        return Response(ledger.error_distribution(self.get_object()))
 
 
 class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):

@@ -15,7 +15,7 @@ from ..jobs import services as jobs
 from ..jobs.pages import job_table_rows
 from ..models import Cluster, Device, EnvReport
 from ..teams.services import is_team_admin
-from . import local_engine, services, trust
+from . import ledger, local_engine, services, trust
 from .forms import ClusterForm, JoinTokenForm
 
 
@@ -49,6 +49,8 @@ def _detail(request, cluster, **extra):
         "control_key": control_messages.public_key(),
         # Under `manage.py up`: the local node's engine while it is prepared (or why it could not be).
         "local_engine": local_engine.read_status(settings.VAR_DIR, cluster.join_name),
+        # How far d0's predictions were from what this cluster's serve sweeps measured, and its calibration.
+        "ledger": ledger.error_distribution(cluster),
         **extra,
     })
 

@@ -10,6 +10,7 @@ from workers.engine.serving.launchers import ranks_of, split_over_nodes
 from workers.engine.serving.recipe import checked_engine, checked_recipe, number
 from workers.engine.sweep.result import EndpointBenchResult, ServeSweepResult, served
 
+from ..clusters.ledger import calibration
 from ..stages import Outcome, StageHandler, register
 from ..models import ServingEndpoint, StageRun
 from ..sweeps.services import with_measured_hardware
@@ -50,7 +51,10 @@ class ServeSweep(StageHandler):
         return serving
 
     def prepare(self, job, params: dict, nodes: list) -> dict:
-        return with_measured_hardware(params, nodes[0])
+        """The node's measured figures for the roofline, and the cluster's calibration of this engine's
+        predictions (the prediction ledger: none until the cluster has measured trials)."""
+        return {**with_measured_hardware(params, nodes[0]),
+                "calibration": calibration(job.cluster, params.get("engine", "vllm"))}
 
     def check(self, job) -> None:
         """A layout vLLM cannot spread over the job's node count is refused at submission (a 400 naming it)."""

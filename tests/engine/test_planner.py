@@ -190,3 +190,46 @@ def test_the_search_for_the_fewest_stages_misses_no_layout(name, precision, conc
     for layout in plan["layouts"]:
         if layout["pp"] > 1:
             assert evaluator.peak_bytes(layout["tp"], layout["pp"] - 1, layout["dp"], layout["ep"]) > evaluator.usable
+
+
+# --- no figures for the node ----------------------------------------------------------------------------------------
+
+CPU_NODE = {"devices_per_node": 1, "device_memory_bytes": 64 * 2**30, "device_name": "cpu"}
+
+
+def test_a_node_with_no_env_check_gets_no_other_devices_peak_but_no_figures():
+    """Before any env check a CPU node's plan assumed an A100's 2.039 TB/s: it now says it has no figures, predicts
+    no decode rate, and still ranks its layouts (by the bytes a decode step reads)."""
+    plan = plans("llama-3.1-8b", CPU_NODE, 1, "bf16", concurrency=4)
+    assert plan["memory_bandwidth"]["bytes_per_s"] is None
+    assert plan["memory_bandwidth"]["source"].startswith("no figures for this node")
+    assert plan["fits"] and plan["layouts"]
+    for layout in plan["layouts"] + plan["smallest_layouts"]:
+        assert layout["decode_tokens_per_s"] is None and layout["inter_token_latency_ms"] is None
+    assert plan["layouts"][0]["reason"].startswith("#1 of") and "no decode rate is predicted" in \
+        plan["layouts"][0]["reason"]
+
+
+def test_a_device_is_not_guessed_from_its_memory_size():
+    """141 GB of memory is an H200's size, but a device that does not name itself one gets no H200 figures."""
+    plan = plans("llama-3.1-8b", {**H200, "device_name": "Some accelerator"}, 1, "bf16")
+    assert plan["memory_bandwidth"]["bytes_per_s"] is None
+
+
+def test_without_figures_the_layouts_rank_as_any_one_bandwidth_would_rank_them():
+    named = plans("deepseek-v3", H200, 2, "bf16")
+    unnamed = plans("deepseek-v3", {**H200, "device_name": None}, 2, "bf16")
+    split = ("tp", "pp", "dp", "ep")
+    assert [[layout[key] for key in split] for layout in unnamed["layouts"]] == \
+        [[layout[key] for key in split] for layout in named["layouts"]]
+    reads = [sum(layout["decode_step_read_bytes"].values()) for layout in unnamed["layouts"]]
+    assert reads == sorted(reads)
+    second = unnamed["layouts"][1]
+    more = 100 * (reads[1] / reads[0] - 1)
+    assert f"reads {more:.1f}% more per decode step than #1" in second["reason"] or "ties with #1" in second["reason"]
+
+
+def test_a_measured_bandwidth_is_used_as_measured():
+    plan = plans("llama-3.1-8b", {**CPU_NODE, "memory_bandwidth_bytes_per_s": 20e9}, 1, "bf16", concurrency=4)
+    assert plan["memory_bandwidth"]["bytes_per_s"] == 20e9 and "env check" in plan["memory_bandwidth"]["source"]
+    assert plan["layouts"][0]["decode_tokens_per_s"] > 0

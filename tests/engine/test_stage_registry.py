@@ -88,7 +88,7 @@ def test_a_module_named_in_the_environment_without_stages_is_refused_by_name():
 
 def test_every_capabilitys_verbs_load_with_what_a_verb_needs():
     assert list(VERB_MODULES) == ["probe", "envcheck", "analyze", "coverage", "shard", "sweep", "serve",
-                                  "bench-endpoint", "demo-model"]
+                                  "bench-endpoint", "ledger", "demo-model"]
     # Every verb is a capability's, but for the analysis and the one model path's demo model maker.
     assert {module.partition(".")[0] for module, _ in VERB_MODULES.values()} == {"analysis", "models",
                                                                                  *stages.CAPABILITIES}

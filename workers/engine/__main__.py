@@ -29,6 +29,7 @@ VERB_MODULES = {
     "sweep": ("sweep.cli", None),
     "serve": ("serving.cli", None),
     "bench-endpoint": ("serving.endpoint_cli", None),
+    "ledger": ("serving.ledger_cli", None),
     "demo-model": ("models.demo", None),
 }
 
@@ -37,7 +38,7 @@ VERB_MODULES = {
 # nothing to free there, yet its passes over the objects torch's and transformers' imports create cost about a fifth
 # of a cold analyze's CPU (2 of 10 s for Kimi-K2, for 8 MiB more peak memory). Every other verb gets the collector
 # back once its modules are imported, with those modules frozen out of its passes.
-WITHOUT_COLLECTOR = frozenset({"analyze", "probe"})
+WITHOUT_COLLECTOR = frozenset({"analyze", "probe", "ledger"})
 
 
 def load_verb(name: str):

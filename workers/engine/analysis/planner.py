@@ -20,7 +20,10 @@ Roofline (Williams et al. 2009; decode is memory-bound): a decode step reads eve
 touches and its sequences' KV cache once. Stages run one after another for a token, so
 step time = sum over stages of (bytes one device of the stage reads) / memory bandwidth, and
 decode tokens/s = concurrency / step time. Compute, communication and scheduling are ignored, so the figure is an
-upper bound used for ranking, not a forecast.
+upper bound used for ranking, not a forecast. The bandwidth is the cluster's own: measured by its env check (or
+entered), else the published figure of the device it names. A cluster with neither has no figures: its plan says so
+and predicts no decode rate (never another device's peak), and its layouts are ranked by the bytes a decode step
+reads per device, which orders them as any one bandwidth would.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from bisect import bisect_left
 from dataclasses import asdict, dataclass
 from itertools import accumulate
 
-from ..envcheck.peaks import published_peak, peaks_by_memory
+from ..envcheck.peaks import published_peak
 from ..pipeline_stages import stage_layer_ranges
 from ..models.config_loading import ConfigView
 from .kv_cache import KvCache, KvLayer, kv_bytes_per_element
@@ -54,10 +57,6 @@ MAX_CONCURRENCY = 65536
 # Cap on how far the planner looks for a cluster that fits, when the given one does not.
 MAX_NODES_SEARCHED = 64
 LAYOUTS_LISTED = 20
-
-# When nothing matches: the slowest HBM part listed (A100 80GB), so a ranking never flatters an unknown device.
-DEFAULT_BANDWIDTH = 2.039e12
-
 
 @dataclass(frozen=True)
 class Cluster:
@@ -118,7 +117,15 @@ def _checked(cluster: Cluster) -> Cluster:
     return cluster
 
 
+# What a plan says where the cluster has no figure of its own (no env check, no published figure for its device).
+NO_FIGURES = ("no figures for this node: no env check has measured its memory bandwidth and no published figure "
+              "matches its device's name; no decode rate is predicted (run an env check), and the layouts are ranked "
+              "by the bytes a decode step reads per device")
+
+
 def bandwidth_of(cluster: Cluster) -> dict:
+    """The memory bandwidth the decode roofline uses: the cluster's measured (or entered) figure, else the
+    published figure of the device it names; ``bytes_per_s`` None when it has neither."""
     if cluster.memory_bandwidth_bytes_per_s:
         return {"bytes_per_s": cluster.memory_bandwidth_bytes_per_s,
                 "source": "the figure given for this cluster (measured by its env check or entered)"}
@@ -126,15 +133,8 @@ def bandwidth_of(cluster: Cluster) -> dict:
     if named:
         return {"bytes_per_s": named["memory_bandwidth"],
                 "source": f"published: {named['source']}, matched by name {cluster.device_name!r}"}
-    matches = peaks_by_memory(cluster.device_memory_bytes)
-    if matches:
-        slowest = min(matches, key=lambda peak: peak["memory_bandwidth"])
-        also = f" (the slowest of {', '.join(peak['matched'] for peak in matches)})" if len(matches) > 1 else ""
-        return {"bytes_per_s": slowest["memory_bandwidth"],
-                "source": f"published: {slowest['source']}; device assumed to be {slowest['matched']}{also} "
-                          f"from its memory size"}
-    return {"bytes_per_s": DEFAULT_BANDWIDTH,
-            "source": "no measured or published figure for this device: A100-80GB's 2.039 TB/s assumed"}
+    # A device guessed from its memory size (or any other device's figure) would be another device's peak.
+    return {"bytes_per_s": None, "source": NO_FIGURES}
 
 
 @dataclass(frozen=True)
@@ -259,7 +259,7 @@ def _gib(value: float) -> str:
 class LayoutEvaluator:
     """Memory and decode roofline of one layout (tp, pp, dp, ep) of a model on a cluster's devices."""
 
-    def __init__(self, model: PlannerModel, cluster: Cluster, workload: Workload, bandwidth: float):
+    def __init__(self, model: PlannerModel, cluster: Cluster, workload: Workload, bandwidth: float | None):
         self.model, self.cluster, self.workload, self.bandwidth = model, cluster, workload, bandwidth
         self.usable = int(cluster.device_memory_bytes * USABLE_FRACTION)
         self.prefix = {name: [0, *accumulate(getattr(model, name))] for name in ("sharded", "replicated", "expert")}
@@ -380,7 +380,8 @@ class LayoutEvaluator:
         heaviest = stages[binding]
         free = min(self.usable - (entry["weights"] + activations + RUNTIME_OVERHEAD_BYTES) for entry in stages)
         per_token = max(entry.pop("per_token") for entry in stages)
-        step_seconds = (weights_read + kv_read) / self.bandwidth
+        # Without a bandwidth of this node's own, no time is predicted: the bytes read still rank the layouts.
+        step_seconds = (weights_read + kv_read) / self.bandwidth if self.bandwidth else None
         devices = tp * pp * dp
         return {
             "tp": tp, "pp": pp, "dp": dp, "ep": ep,
@@ -402,8 +403,8 @@ class LayoutEvaluator:
             "stages": stages,
             "decode_step_read_bytes": {"weights": int(weights_read), "kv_cache": int(kv_read)},
             "kv_capacity_tokens": int(max(free, 0) // per_token * dp) if per_token else None,
-            "decode_tokens_per_s": round(workload.concurrency / step_seconds, 1),
-            "inter_token_latency_ms": round(step_seconds * 1000, 2),
+            "decode_tokens_per_s": round(workload.concurrency / step_seconds, 1) if step_seconds else None,
+            "inter_token_latency_ms": round(step_seconds * 1000, 2) if step_seconds else None,
             "notes": self._notes(tp, dp, ep),
         }
 
@@ -514,9 +515,21 @@ def _shortfall(evaluator: LayoutEvaluator, devices: int) -> str:
             f"(weights {memory['weights'] / GIB:.1f} GiB) but {memory['usable'] / GIB:.1f} GiB is usable")
 
 
+def _step_bytes(layout: dict) -> int:
+    read = layout["decode_step_read_bytes"]
+    return read["weights"] + read["kv_cache"]
+
+
+def _speed_key(layout: dict) -> float:
+    """Smaller is faster: minus the predicted decode rate, or (no figures for the node) the bytes a step reads."""
+    rate = layout["decode_tokens_per_s"]
+    return -rate if rate is not None else _step_bytes(layout)
+
+
 def _ranked(layouts: list[dict]) -> list[dict]:
-    """Fastest predicted decode first; among equals, fewer devices, then fewer stages."""
-    return sorted(layouts, key=lambda layout: (-layout["decode_tokens_per_s"], layout["devices"], layout["pp"]))
+    """Fastest predicted decode first (the least read per step where the node has no figures); among equals,
+    fewer devices, then fewer stages."""
+    return sorted(layouts, key=lambda layout: (_speed_key(layout), layout["devices"], layout["pp"]))
 
 
 def _read_per_step(layout: dict) -> str:
@@ -531,6 +544,8 @@ def _explain(ranked: list[dict], concurrency: int) -> list[dict]:
     it. Returns ``ranked``."""
     if not ranked:
         return ranked
+    if ranked[0]["decode_tokens_per_s"] is None:
+        return _explain_by_bytes(ranked)
     first, fewest = ranked[0], min(layout["devices"] for layout in ranked)
     first_at_rate: dict[float, dict] = {}
     for layout in ranked:
@@ -552,6 +567,31 @@ def _explain(ranked: list[dict], concurrency: int) -> list[dict]:
             read = first["decode_step_read_bytes"]
             why = (f"{below:.1f}% below #1 ({rate} tok/s): each step reads {_read_per_step(layout)}, against "
                    f"{_gib(read['weights'])} + {_gib(read['kv_cache'])} for #1")
+        fewest_note = "; the fewest devices that fit" if layout["devices"] == fewest else ""
+        layout["reason"] = f"#{rank} of {len(ranked)} that fit: {why}{fewest_note}"
+    return ranked
+
+
+def _explain_by_bytes(ranked: list[dict]) -> list[dict]:
+    """``_explain`` for a node with no figures: ranked by the bytes a decode step reads per device, and said so."""
+    first, fewest = ranked[0], min(layout["devices"] for layout in ranked)
+    first_at_bytes: dict[int, dict] = {}
+    for layout in ranked:
+        first_at_bytes.setdefault(_step_bytes(layout), layout)
+    for rank, layout in enumerate(ranked, 1):
+        layout["rank"] = rank
+        equal = first_at_bytes[_step_bytes(layout)]
+        if rank == 1:
+            why = (f"the least read per decode step ({_read_per_step(layout)}); no figures for this node, so no "
+                   "decode rate is predicted")
+        elif equal is not layout and equal["devices"] == layout["devices"]:
+            why = f"ties with #{equal['rank']} (as much read per decode step, on {layout['devices']} devices)"
+        elif equal is not layout:
+            why = f"reads as much per decode step as #{equal['rank']} but on {layout['devices']} devices, " \
+                  f"not {equal['devices']}"
+        else:
+            more = 100 * (_step_bytes(layout) / _step_bytes(first) - 1)
+            why = f"reads {more:.1f}% more per decode step than #1: {_read_per_step(layout)}"
         fewest_note = "; the fewest devices that fit" if layout["devices"] == fewest else ""
         layout["reason"] = f"#{rank} of {len(ranked)} that fit: {why}{fewest_note}"
     return ranked
@@ -616,6 +656,7 @@ def plan(model: PlannerModel, cluster: Cluster, precision: str, workload: Worklo
             "experts_touched_per_step": "uniform routing: a layer's expert is read if any token of the step "
                                         "picks it",
             "decode_roofline": "memory-bandwidth bound; compute, communication and scheduling ignored",
-            "ranking": "predicted decode tok/s at the workload's concurrency, then fewer devices, then fewer stages",
+            "ranking": "predicted decode tok/s at the workload's concurrency (without figures for the node: the "
+                       "bytes a decode step reads per device), then fewer devices, then fewer stages",
         },
     }

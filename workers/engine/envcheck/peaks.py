@@ -13,7 +13,8 @@ from __future__ import annotations
 TB = 1e12
 
 # Ordered most specific first: "H100 PCIe" must match before "H100". memory: the total memory range torch reports
-# for the part, used to recognise a device by its size alone (the planner's what-if clusters give no name).
+# for the part, for reference only: a device is never recognised by its size alone (parts share sizes, and a CPU
+# node's RAM can match an accelerator's), so a cluster with no name matched and no env check has no figures.
 PUBLISHED_PEAKS: list[tuple[str, dict]] = [
     ("H200", {"memory_bandwidth": 4.8 * TB, "bf16_flops": 989e12, "memory": (138e9, 153e9),
               "source": "NVIDIA H200 datasheet"}),
@@ -49,8 +50,3 @@ def published_peak(device_name: str) -> dict | None:
             return {"matched": marker, **figures}
     return None
 
-
-def peaks_by_memory(memory_bytes: int) -> list[dict]:
-    """The parts whose memory size is ``memory_bytes`` (several parts can share a size: H100 and A100 80GB)."""
-    return [{"matched": marker, **figures} for marker, figures in PUBLISHED_PEAKS
-            if "memory" in figures and figures["memory"][0] <= memory_bytes <= figures["memory"][1]]

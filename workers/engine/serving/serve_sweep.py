@@ -568,6 +568,34 @@ def prepare_variants(params: dict, session: Session, progress) -> dict[str, dict
     return made
 
 
+def trial_lengths(session: Session, workload: Workload, trial: dict) -> list[tuple[int, int]]:
+    """(prompt tokens, output tokens) of each request a trial served: the sweep's workload with the trial's client
+    settings, at the trial's request count (a smart search's short rungs serve fewer)."""
+    served = (trial.get("workload") or {}).get("requests") or workload.requests
+    trial_workload = Workload.from_dict({**workload.as_dict(), **trial["client"], "requests": served})
+    return [(len(request.prompt_ids), request.output_tokens)
+            for request in trial_workload.measured_requests(session.vocab)]
+
+
+def predict_trials(session: Session, trials: list[dict], workload: Workload, hardware: dict | None,
+                   calibration: dict | None) -> None:
+    """Sets each served trial's ``prediction`` (``prediction.trial_prediction``: the roofline from the node's
+    env-check figures, calibrated on the cluster's earlier trials where ``calibration`` is given) beside its
+    measured metrics: the prediction ledger's entries. A cost model that fails is said on the trial, not fatal."""
+    from .prediction import CostModels, trial_prediction
+
+    models = CostModels()
+    for trial in trials:
+        if trial["status"] != "ok":
+            continue
+        try:
+            trial["prediction"] = trial_prediction(models, session.served_checkpoint(trial["settings"]), trial,
+                                                   trial_lengths(session, workload, trial), hardware, calibration)
+        except Exception as error:
+            trial["prediction"] = {"available": False,
+                                   "reason": f"the cost model failed: {type(error).__name__}: {error}"}
+
+
 def _lead(session: Session, params: dict, workload: Workload, weights: dict, progress) -> dict:
     """The sweep itself (on one node, or on node rank 0 of a deployment): its trials, best, recipe, correctness."""
     grid = params["grid"] or ({} if params["configurations"] else DEFAULT_GRID)
@@ -606,17 +634,19 @@ def _lead(session: Session, params: dict, workload: Workload, weights: dict, pro
         raise ServeSweepFailed(f"no configuration of {len(trials)} served its workload"
                                + (" and passed its checks against the reference" if quality else "") + ": "
                                + "; ".join(causes))
+    predict_trials(session, trials, workload, params.get("hardware"), params.get("calibration"))
+    best = {**best, "prediction": next(trial.get("prediction") for trial in trials if trial["id"] == best["id"])}
     try:
         # The cost model builds the checkpoint on torch's meta device; imported here so that the stage's
         # declaration (PARAMETERS, checked by the web tier) is importable without torch.
         from .prediction import prediction
 
-        client_workload = Workload.from_dict({**workload.as_dict(), **best["client"]})
-        lengths = [(len(request.prompt_ids), request.output_tokens)
-                   for request in client_workload.measured_requests(session.vocab)]
-        predicted = prediction(session.checkpoint, best, lengths, params.get("hardware"))
+        predicted = prediction(session.checkpoint, best, trial_lengths(session, workload, best),
+                               params.get("hardware"))
     except Exception as error:  # the prediction is beside the measurement; its failure is said, not fatal
         predicted = {"available": False, "reason": f"the cost model failed: {type(error).__name__}: {error}"}
+    # The recipe keeps the best trial's ledger entry: what d0 predicted for it beside what it measured.
+    predicted["ledger"] = best["prediction"]
     correctness = None
     if quality is not None:
         chosen = next(entry for entry in quality["entries"] if entry["numerics"] == numerics_of(best["settings"]))

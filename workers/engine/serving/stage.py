@@ -14,6 +14,7 @@ from .endpoint_guard import EndpointPolicy
 from .engines import KNOWN
 from .accuracy import DEFAULT_MAX_DROP_POINTS, check_published
 from .launchers import SETTINGS
+from .ledger import check_calibration
 from .variants import AS_SHIPPED, VARIANT_HELP, VARIANTS, check_variants
 from .serve_sweep import DEFAULT_GRID, MAX_CONFIGURATIONS, check_grid, check_sweep_settings, run_serve_sweep
 
@@ -67,6 +68,9 @@ PARAMETERS = (
               "data roots: the workload's lengths, its lines in turn", nullable=True),
     Parameter("hardware", "object", "memory_bandwidth_bytes_per_s and flops_per_s by precision for the recipe's "
               "roofline prediction (default: the node's latest env check)", nullable=True, check=check_hardware),
+    Parameter("calibration", "object", "the cluster's fitted efficiency (trials, ratios: per metric the median of "
+              "measured / roofline over its earlier trials of this engine): each trial's prediction is the roofline "
+              "x that ratio", set_by="control", nullable=True, check=check_calibration),
     Parameter("startup_timeout_s", "float", "seconds an engine may take to become healthy", default=900.0,
               minimum=10, maximum=7200),
     Parameter("correctness", "bool", "compare the best configuration's greedy tokens with the engine at TP=1 and "

@@ -458,6 +458,8 @@ class ServingTrial(Record):
     # On real weights, its numerics' check against the reference (``quality.QualityCheck.mark``): the verdict
     # (pass, failed-correctness, failed-accuracy, under-recovery) and the numerics' label.
     quality: dict | None = None
+    # What d0 predicted for it beside what it measured (``serving.prediction.trial_prediction``, the ledger's entry).
+    prediction: dict | None = None
 
 
 @dataclass(kw_only=True)

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 
 from ..models.reducer import EXPERT_COUNT_KEYS, TOP_K_KEYS
 from ..envcheck.measure import copy_bandwidth, matmul_throughput
+from .line_fit import least_squares_line
 # The flags are the efficiency rule's (result.Efficiency); named here too, beside the roofline that raises them.
 from .result import OVER_CEILING, OVERHEAD_EXPLAINS_ALL, Efficiency  # noqa: F401
 
@@ -251,12 +252,10 @@ def step_overhead(entries: list[dict]) -> dict | None:
         return None
     fitted = usable[:max(OVERHEAD_FIT_MIN_TRIALS, math.ceil(len(usable) / 3))]
     points = [_per_step(entry) for entry in fitted]
-    xs, ys = [x for x, _ in points], [y for _, y in points]
-    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
-    spread_x = sum((x - mean_x) ** 2 for x in xs)
-    if len(points) >= 2 and spread_x > 0:
-        slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / spread_x
-        intercept, method = mean_y - slope * mean_x, "intercept of a least-squares line"
+    ys = [y for _, y in points]
+    line = least_squares_line(points)
+    if line:
+        (intercept, slope), method = line, "intercept of a least-squares line"
     else:
         # One trial, or trials of equal work per step: no line; the least time beyond the ceiling is the overhead.
         slope, intercept, method = 1.0, min(y - x for x, y in points), "least measured - ceiling seconds per step"

@@ -171,6 +171,28 @@ SWEEP_COLUMNS = (
     Column("bound", "bound", _roofline("bound"), terminal=True, numeric=False),
     REASON,
 )
+def _predicted(metric: str):
+    """What d0 predicted for a trial (the prediction ledger: the roofline, calibrated on the cluster's trials where
+    it had some), beside its measured figure."""
+    return lambda trial: ((trial.prediction or {}).get("predicted") or {}).get(metric)
+
+
+def _prediction_basis(trial) -> str:
+    prediction = trial.prediction or {}
+    return prediction.get("basis") or prediction.get("reason") or ""
+
+
+PREDICTED = (
+    Column("predicted_output_tokens_per_s", "predicted tok/s", _predicted("output_tokens_per_s"), "tokens/s",
+           _number(".1f"), only_if_given=True,
+           cell=lambda trial: Cell(_number(".1f")(_predicted("output_tokens_per_s")(trial)),
+                                   title=_prediction_basis(trial))),
+    Column("predicted_ttft_s", "predicted TTFT", _predicted("ttft_s"), "s", _milliseconds, page=False),
+    Column("predicted_tpot_s", "predicted TPOT", _predicted("tpot_s"), "s", _milliseconds, only_if_given=True),
+    Column("predicted_peak_memory_bytes", "predicted memory", _predicted("peak_memory_bytes"), "bytes", _bytes,
+           page=False),
+    Column("prediction_basis", "prediction", _prediction_basis, page=False, numeric=False),
+)
 CLIENT = Column("client", "client", lambda trial: _settings(trial.client) or None, terminal=True, numeric=False,
                 cell=lambda trial: Cell(_settings(trial.client) or NONE, verbatim=True))
 SERVE_SWEEP_COLUMNS = (
@@ -182,7 +204,7 @@ SERVE_SWEEP_COLUMNS = (
     Column("numerics", "numerics", lambda trial: _quality(trial).get("label"), numeric=False, only_if_given=True),
     Column("quality", "quality", lambda trial: _quality(trial).get("verdict"), page=False, numeric=False),
     Column("startup_s", "start", lambda trial: trial.startup_s, "s", _number(".1f", " s")),
-    *METRICS, PEAK_MEMORY, REASON,
+    *METRICS, PEAK_MEMORY, *PREDICTED, REASON,
 )
 ENDPOINT_BENCH_COLUMNS = (ID, CLIENT, RUNG, REQUESTS, STATUS, *METRICS, REASON)
 

@@ -12,7 +12,8 @@ from .. import control_messages, filtersets
 from ..api.base import TeamField, TeamScopedRelatedField, TeamScopedViewSet, ValidatedModelSerializer
 from ..models import Cluster, Device, EnvReport, JoinToken, Link, Node
 from ..teams.services import is_team_admin
-from . import ledger, services, trust
+from ..serving import ledger
+from . import services, trust
 
 
 class ClusterSerializer(ValidatedModelSerializer):

@@ -15,7 +15,8 @@ from ..jobs import services as jobs
 from ..jobs.pages import job_table_rows
 from ..models import Cluster, Device, EnvReport
 from ..teams.services import is_team_admin
-from . import ledger, local_engine, services, trust
+from ..serving import ledger
+from . import local_engine, services, trust
 from .forms import ClusterForm, JoinTokenForm
 
 

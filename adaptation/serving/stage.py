@@ -10,7 +10,7 @@ from workers.engine.serving.launchers import ranks_of, split_over_nodes
 from workers.engine.serving.recipe import checked_engine, checked_recipe, number
 from workers.engine.sweep.result import EndpointBenchResult, ServeSweepResult, served
 
-from ..clusters.ledger import calibration
+from .ledger import calibration
 from ..stages import Outcome, StageHandler, register
 from ..models import ServingEndpoint, StageRun
 from ..sweeps.services import with_measured_hardware

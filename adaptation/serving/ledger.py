@@ -8,7 +8,7 @@ from workers.engine.serving import ledger
 
 from ..choices import JobStatus
 from ..models import Cluster, StageRun
-from ..serving.services import ENGINE_REPORT_KIND
+from .services import ENGINE_REPORT_KIND
 
 # The latest serve sweeps read: a cluster's recent history is what describes its nodes now (a node's software and
 # load change), and it keeps the page's read bounded.

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..models.config_loading import KEYS_BY_NAME, ConfigError, ConfigView
-from ..models.layers import Layout
+from ..models.layers import Layout, layer_ranges
 
 if TYPE_CHECKING:
     from .memory import Precision
@@ -199,19 +199,9 @@ def _layer_kinds(records: list[TensorRecord], layout: Layout) -> list[dict]:
     result = []
     for entry in kinds.values():
         entry["count"] = len(entry["layers"])
-        entry["layers"] = _ranges(entry["layers"])
+        entry["layers"] = layer_ranges(entry["layers"])
         result.append(entry)
     return result
-
-
-def _ranges(indices: list[int]) -> str:
-    """[0, 1, 2, 5, 7] -> '0-2,5,7': compact enough to print a 118-layer hybrid pattern."""
-    parts, start = [], indices[0]
-    for previous, current in zip(indices, indices[1:] + [None], strict=True):
-        if current != previous + 1:
-            parts.append(f"{start}-{previous}" if previous != start else str(start))
-            start = current
-    return ",".join(parts)
 
 
 def _mtp_summary(mtp: list[TensorRecord], view: ConfigView, shared_embedding_and_head: int) -> dict:

@@ -3,6 +3,8 @@ spread, the sweep's per-step overhead fitted over its smallest trials, efficienc
 counted as the scheduler runs them, the best configuration confirmed by re-measuring. Synthetic inputs: no timing
 decides an assertion here (figures are in benchmarks/envcheck_repeatability.py)."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -167,3 +169,20 @@ def test_the_best_is_the_top_candidate_that_re_measures_best():
     assert as_it_is["picked"] == 1 and as_it_is["best"] is trials[1] and served == [1, 2, 3]
     nothing = confirm([trial(0, None, status="failed")], requests=8, remeasure=remeasure)
     assert nothing["picked"] is None and nothing["best"] is None and nothing["candidates"] == []
+
+
+def test_the_copy_buffer_fits_the_stage_memory_limit_of_the_process():
+    """A node runs each stage under RLIMIT_DATA (workers/stage_memory.py): on a CPU with a 300 MiB L3 the buffer
+    was 4 x 300 MiB, two of them live, in a stage limited to 1 GiB, and the env check failed to allocate."""
+    import subprocess
+    import sys
+
+    script = (
+        "import resource\n"
+        "resource.setrlimit(resource.RLIMIT_DATA, (2**30, resource.getrlimit(resource.RLIMIT_DATA)[1]))\n"
+        "from workers.engine.envcheck import measure\n"
+        "print(measure.memory_at_hand(), measure.cpu_buffer_bytes(300 * 2**20, 'L3 300MiB (sysfs)')[0])\n")
+    at_hand, size = map(int, subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                            check=True, cwd=Path(__file__).resolve().parents[2]).stdout.split())
+    assert at_hand <= 2**30
+    assert size == 2**30 // 8

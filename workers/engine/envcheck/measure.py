@@ -88,12 +88,23 @@ def buffer_bytes(device, available_bytes: int | None = None) -> tuple[int, str]:
     return cpu_buffer_bytes(*cpu_cache_bytes(), available_bytes)
 
 
+def memory_at_hand() -> int:
+    """The memory this process may take: the machine's available memory, or less under a data-segment limit (the
+    node runs each stage under ``RLIMIT_DATA``, workers/stage_memory.py: a 300 MiB L3 asked for two 1.2 GB buffers
+    of a stage limited to 1 GiB)."""
+    import resource
+
+    import psutil
+
+    available = psutil.virtual_memory().available
+    soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
+    return available if soft == resource.RLIM_INFINITY else min(available, soft)
+
+
 def cpu_buffer_bytes(cache: int | None, where: str, available_bytes: int | None = None) -> tuple[int, str]:
     size = max(CACHE_MULTIPLE * (cache or 0), MIN_BUFFER_BYTES)
     if available_bytes is None:
-        import psutil
-
-        available_bytes = psutil.virtual_memory().available
+        available_bytes = memory_at_hand()
     # Two buffers of this size are live; leave most memory to whatever else runs on the node.
     size = min(size, MAX_BUFFER_BYTES, max(available_bytes // 8, MIN_BUFFER_BYTES))
     return size, (f"{size / cache:.1f}x the largest cache, {where}" if cache else f"{where}: the minimum")

@@ -90,6 +90,10 @@ def submit_adaptation(*, model: ModelSpec, cluster: Cluster, user, weights_path:
              "plan": layout_plan, **({"weights_path": weights_path} if weights_path else {}),
              **({"demo_weights": True} if demo else {})}
     serve["settings"] = {**serve.get("settings", {}), **engine_settings(served)}
+    if not Device.objects.filter(node__cluster=cluster, node__status=NodeStatus.ONLINE).exclude(kind="cpu").exists():
+        # vLLM's CPU build: its torch.compile warm-up took 1-3 minutes of each engine start on a few cores, and the
+        # adaptation starts one per variant; served eager, the recipe says so (--enforce-eager).
+        serve["grid"] = {**serve["grid"], "enforce_eager": [True]}
     if real and served["nodes"] > 1:
         serve["variants"] = ["as_shipped"]  # quantized variants are made on one node; a deployment spans several
     method = model.analysis.get("method") if model.analysis else "?"

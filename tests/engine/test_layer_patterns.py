@@ -243,17 +243,34 @@ QWEN3_NEXT_SHAPED = {"architectures": ["Qwen3NextForCausalLM"], "model_type": "q
                      "decoder_sparse_step": 1, "mlp_only_layers": [], "torch_dtype": "bfloat16"}
 
 
-@pytest.mark.parametrize("name", [*hybrid_configs(), "qwen3-next-shaped"])
-def test_kv_bytes_and_recurrent_state_equal_vllms_cache_specs(name, vllm_python, tmp_path):
+HYBRIDS = [*hybrid_configs(), "qwen3-next-shaped"]
+
+
+def hybrid_config(name: str, folder: Path) -> tuple[Path, dict]:
     if name == "qwen3-next-shaped":  # no Qwen3-Next release in the catalog: its Gated DeltaNet checked on its shape
-        raw = QWEN3_NEXT_SHAPED
-        path = tmp_path / "config.json"
-        path.write_text(json.dumps(raw))
-    else:
-        path, raw = CONFIGS / f"{name}.json", config(name)
-    done = subprocess.run([vllm_python, str(PROBE), str(path)], capture_output=True, text=True, timeout=600)
+        path = folder / "qwen3-next-shaped.json"
+        path.write_text(json.dumps(QWEN3_NEXT_SHAPED))
+        return path, QWEN3_NEXT_SHAPED
+    return CONFIGS / f"{name}.json", config(name)
+
+
+@pytest.fixture(scope="module")
+def vllms_figures(vllm_python, tmp_path_factory) -> dict:
+    """vLLM's figures for every hybrid, from one run of the probe in the vLLM environment (its import is most of
+    the time)."""
+    folder = tmp_path_factory.mktemp("hybrids")
+    paths = {name: hybrid_config(name, folder)[0] for name in HYBRIDS}
+    done = subprocess.run([vllm_python, str(PROBE), *map(str, paths.values())], capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    return {name: figures[str(path)] for name, path in paths.items()}
+
+
+@pytest.mark.parametrize("name", HYBRIDS)
+def test_kv_bytes_and_recurrent_state_equal_vllms_cache_specs(name, vllms_figures, tmp_path):
+    raw = hybrid_config(name, tmp_path)[1]
+    theirs = vllms_figures[name]
     kv = kv_cache_model(raw)
     layout = layout_of(raw)
     ours_attention = layout.indices(lambda kind: kind.mixer in SOFTMAX_MIXERS)

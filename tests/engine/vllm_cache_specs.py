@@ -162,14 +162,19 @@ BY_ARCHITECTURE = {"Qwen3NextForCausalLM": qwen3_next, "KimiLinearForCausalLM": 
                    "NemotronHForCausalLM": nemotron_h, "MiniMaxM1ForCausalLM": minimax_m1}
 
 
-def main(path: str) -> None:
+def probe(path: str) -> dict:
     with open(path) as handle:
         raw = json.load(handle)
     architecture = (raw.get("architectures") or [None])[0]
     if architecture not in BY_ARCHITECTURE:
         raise SystemExit(f"no vLLM probe for {architecture}")
-    print(json.dumps(BY_ARCHITECTURE[architecture](raw)))
+    return BY_ARCHITECTURE[architecture](raw)
+
+
+def main(paths: list[str]) -> None:
+    """One JSON line: each config path's figures (vLLM is imported once for all of them)."""
+    print(json.dumps({path: probe(path) for path in paths}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])

@@ -317,7 +317,9 @@ def test_with_per_node_broker_users_a_node_joins_runs_and_is_cancelled_and_is_ne
     acl_stack.start_node("alpha/h100-pod", "worker-a", token=token)
     node = wait_for(node_online("worker-a"), 60, "the node to join through its token's broker user")
     user, password = node_broker_login(acl_stack, node)
-    assert user in broker_users_of(acl_broker)
+    # The user is made once the registration commits (broker_users.node_registered, on commit), just after the row
+    # reads online: a loaded machine can look in between.
+    wait_for(lambda: user in broker_users_of(acl_broker), 10, "the node's broker user")
     assert (acl_stack.log_dir / "node-keys" / f"{node.queue_name}.broker-password").stat().st_mode & 0o777 == 0o600
     assert broker_credentials.password_sha256(password) == Node.objects.get(pk=node.pk).broker_password_sha256
     # The broker keeps only the hash of the node's password.

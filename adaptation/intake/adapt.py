@@ -32,7 +32,12 @@ def cluster_plan(model: ModelSpec, cluster: Cluster) -> tuple[dict | None, dict 
         return devices, None, f"the planner has no plan for {cluster.name}: {' '.join(error.messages)}"
 
 
-def adaptation_layout(cluster: Cluster, devices: dict | None, plans: dict | None,
+def has_accelerators(cluster: Cluster) -> bool:
+    """Whether an online node of the cluster has a device other than its CPU."""
+    return Device.objects.filter(node__cluster=cluster, node__status=NodeStatus.ONLINE).exclude(kind="cpu").exists()
+
+
+def adaptation_layout(cluster: Cluster, devices: dict | None, plans: dict | None, accelerators: bool,
                       model: ModelSpec | None = None) -> tuple[dict, str]:
     """The sharded run's layout: the planner's layout (the best that fits the cluster, else the smallest that holds
     the model) scaled to the ranks at hand, keeping the axes it uses (``layout.scaled_from_plan``: DP16 + EP16 ->
@@ -50,8 +55,6 @@ def adaptation_layout(cluster: Cluster, devices: dict | None, plans: dict | None
                 f"{layout.label()} on 2 ranks of one node, the model's own axes: there is no plan for "
                 f"{cluster.name}")
     planned = {axis: int(planned[axis]) for axis in ("tp", "pp", "dp", "ep", "nodes")}
-    accelerators = Device.objects.filter(node__cluster=cluster, node__status=NodeStatus.ONLINE) \
-        .exclude(kind="cpu").exists()
     ranks = devices["devices_per_node"] if accelerators else ranks_keeping_axes(planned)
     layout, how = scaled_from_plan(planned, max(ranks, 2))
     which = "the planner's best layout for" if fitting else "the smallest layout that holds the model, larger than"
@@ -59,7 +62,7 @@ def adaptation_layout(cluster: Cluster, devices: dict | None, plans: dict | None
             f"{how}; the plan is {which} {cluster.name}; on one node")
 
 
-def serve_layout(cluster: Cluster, devices: dict | None, plans: dict | None, no_plan_reason: str) -> dict:
+def serve_layout(devices: dict | None, plans: dict | None, accelerators: bool, no_plan_reason: str) -> dict:
     """The serve sweep's ``plan`` parameter: the planner's best layout that fits the cluster, else the fastest of the
     fewest-device layouts on the nodes the model needs (the planner's ``smallest_layouts``), and what is served of
     it on this cluster."""
@@ -70,8 +73,6 @@ def serve_layout(cluster: Cluster, devices: dict | None, plans: dict | None, no_
             no_plan_reason = f"the planner finds no layout that holds the model ({plans.get('reason')})"
     if devices is None:
         return served_plan(None, 1, 1, "", no_plan_reason)
-    accelerators = Device.objects.filter(node__cluster=cluster, node__status=NodeStatus.ONLINE) \
-        .exclude(kind="cpu").exists()
     hardware = devices["device_name"] if accelerators else "CPU"
     return served_plan(planned, devices["devices_per_node"], devices["nodes"], hardware, no_plan_reason)
 
@@ -80,8 +81,9 @@ def submit_adaptation(*, model: ModelSpec, cluster: Cluster, user, weights_path:
     """The whole adaptation in one job: env check, coverage, a sharded validation run, and the engine's serve sweep
     at the planned layout, on the team's checkpoint (``weights_path`` on the nodes) or a validation checkpoint."""
     devices, plans, no_plan_reason = cluster_plan(model, cluster)
-    layout, why = adaptation_layout(cluster, devices, plans, model)
-    layout_plan = serve_layout(cluster, devices, plans, no_plan_reason)
+    accelerators = has_accelerators(cluster)
+    layout, why = adaptation_layout(cluster, devices, plans, accelerators, model)
+    layout_plan = serve_layout(devices, plans, accelerators, no_plan_reason)
     served = layout_plan["served"]
     entry = catalog.BY_SLUG.get(model.catalog_slug)
     demo = bool(entry and entry.demo_weights and not weights_path)
@@ -90,7 +92,7 @@ def submit_adaptation(*, model: ModelSpec, cluster: Cluster, user, weights_path:
              "plan": layout_plan, **({"weights_path": weights_path} if weights_path else {}),
              **({"demo_weights": True} if demo else {})}
     serve["settings"] = {**serve.get("settings", {}), **engine_settings(served)}
-    if not Device.objects.filter(node__cluster=cluster, node__status=NodeStatus.ONLINE).exclude(kind="cpu").exists():
+    if not accelerators:
         # vLLM's CPU build: its torch.compile warm-up took 1-3 minutes of each engine start on a few cores, and the
         # adaptation starts one per variant; served eager, the recipe says so (--enforce-eager).
         serve["grid"] = {**serve["grid"], "enforce_eager": [True]}

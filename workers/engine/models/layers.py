@@ -634,8 +634,9 @@ def remap_layer_keys(config: dict, kept: list[int]) -> tuple[dict, list[str]]:
     """``config`` cut to the layers ``kept`` (indices of the full model, ascending): every per-layer list and string
     keeps those layers' entries and every index list, at any depth, is renumbered to the reduced depth in its own
     base (Kimi-Linear's 1-based ``full_attn_layers`` [4, 8, ...] with layers 0 and 3 kept become [2]). Periods cannot
-    be renumbered: they are returned untouched and named in the notes, for the caller to keep layers that respect
-    them. The layer count itself is set under the key the config uses."""
+    be renumbered: they are returned untouched, and named in the notes unless the kept layers are the first ones (a
+    prefix reads a period the same way), for the caller to keep layers that respect them. The layer count itself
+    is set under the key the config uses."""
     import copy
 
     view = ConfigView(config)
@@ -659,7 +660,8 @@ def remap_layer_keys(config: dict, kept: list[int]) -> tuple[dict, list[str]]:
                             if value - key.base in position]
         elif key.form == "index_list":
             notes.append(f"{key.path} could not be renumbered (its values fit neither base)")
-        elif key.form == "period" and key.value != 1:
+        elif key.form == "period" and key.value != 1 and kept != list(range(len(kept))):
+            # The first layers read a period the same way; any other pick must follow it.
             notes.append(f"{key.path} = {key.value} is a period: the kept layers must follow it")
     for alias in ("num_hidden_layers", "n_layers", "num_layers", "n_layer"):
         if alias in scope:

@@ -266,13 +266,10 @@ def _cap(reduced: dict, full, keys: tuple[str, ...], most: int) -> None:
 
 def _cut_layers(reduced: dict, layers: int) -> tuple[dict, list[str]]:
     """The first ``layers`` layers, every per-layer key following at any depth (``layers.remap_layer_keys``: index
-    lists renumbered in their own base, per-layer lists and strings sliced). Periods and intervals
-    (``decoder_sparse_step``, ``attn_layer_period``) read the same on a prefix, so the remapper's reminder that
-    kept layers must follow them does not apply here."""
+    lists renumbered in their own base, per-layer lists and strings sliced; periods read the same on a prefix)."""
     from .layers import remap_layer_keys
 
-    cut, notes = remap_layer_keys(reduced, list(range(layers)))
-    return cut, [note for note in notes if "is a period" not in note]
+    return remap_layer_keys(reduced, list(range(layers)))
 
 
 def _invariants(full, reduced) -> tuple[list[str], list[str]]:

@@ -97,7 +97,8 @@ def main() -> None:
         fitted = ledger.fit_calibration(ledger.rows_of({"engine": described, "trials": calibration_half}), "vllm")
         for trial in held_out:
             # The roofline does not depend on the calibration: the stored one is predicted again with today's fit.
-            predicted, basis = ledger.calibrated(trial["prediction"]["roofline"], fitted)
+            predicted, basis = ledger.calibrated(trial["prediction"]["roofline"], fitted,
+                                                 trial["prediction"].get("concurrency"))
             trial["prediction"] = {**trial["prediction"], "predicted": predicted, "basis": basis,
                                    "calibration": fitted}
         print(f"replayed {args.replay}: {len(served)} trials served: calibrated on {len(calibration_half)}, error "

@@ -18,9 +18,17 @@ is fitted per engine and metric on the cluster's trials:
   moves it little. With fewer than ``FIT_MIN_TRIALS`` trials, rooflines that do not spread (the largest less than
   ``FIT_MIN_SPREAD`` x the smallest: the slope would be noise), or a line with no positive slope or a negative
   fixed cost, the metric keeps the single ratio;
+- beside the line, a cost per sequence in a step: measured = fixed + slope x roofline + per_sequence x sequences
+  (the requests a step carries, ``prediction.trial_prediction``'s ``concurrency``). A small model's decode step
+  reads the same weights at every batch, so its roofline is flat over the grid, while a CPU engine samples,
+  detokenises and schedules every sequence in every step: the measured TPOT grows with the batch and no line of
+  the roofline follows it. The term is the Theil-Sen line of what the line (or the ratio) leaves against the
+  sequences, and it is kept only where it earns its place: a positive cost per sequence, sequences that spread
+  (the most at least ``SEQUENCE_MIN_SPREAD`` x the fewest), and, each calibration trial left out in turn and
+  predicted from the others, a smaller median + P90 relative error than without it;
 - every metric also has the median of measured / roofline (``ratios``): the share of the roofline this node
   reaches, the fallback above, and the whole calibration of memory. A calibration stored with only ratios (before
-  the lines) still reads.
+  the lines) or without the per-sequence term (before it) still reads.
 """
 
 from __future__ import annotations
@@ -40,7 +48,9 @@ RECIPROCAL_METRICS = ("output_tokens_per_s",)
 # A line needs three trials (two always fit exactly) whose rooflines spread by a fifth at least.
 FIT_MIN_TRIALS = 3
 FIT_MIN_SPREAD = 1.2
+SEQUENCE_MIN_SPREAD = 2
 LINE_METHOD = "Theil-Sen line, measured = fixed + slope x roofline"
+SEQUENCE_METHOD = "+ per_sequence x the sequences a step carries, kept where it predicts left-out trials closer"
 
 
 def measured_figures(metrics: dict | None) -> dict:
@@ -57,6 +67,10 @@ def measured_figures(metrics: dict | None) -> dict:
 
 def _positive(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+def _sequences(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def relative_error(predicted, measured) -> float | None:
@@ -81,7 +95,8 @@ def rows_of(result: dict, *, source: str = "") -> list[dict]:
             if _positive(roofline) and _positive(measured[metric]):
                 rows.append({"engine": engine, "metric": metric, "trial": trial.get("id"), "source": source,
                              "roofline": roofline, "predicted": (ledger.get("predicted") or {}).get(metric),
-                             "measured": measured[metric], "calibrated": bool(ledger.get("calibration"))})
+                             "measured": measured[metric], "calibrated": bool(ledger.get("calibration")),
+                             "sequences": _sequences(ledger.get("concurrency"))})
     return rows
 
 
@@ -105,38 +120,96 @@ def _as_time(metric: str, value: float) -> float:
     return 1 / value if metric in RECIPROCAL_METRICS else value
 
 
-def fit_line(metric: str, points: list[tuple[float, float]]) -> dict | None:
-    """The line measured = fixed + slope x roofline over (roofline, measured) ``points`` of ``metric``, in time
-    units; None where the single ratio stays (see the module's docstring)."""
-    times = [(_as_time(metric, x), _as_time(metric, y)) for x, y in points]
+def _line_in_time(times: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """(fixed, slope) of the Theil-Sen line through (roofline, measured) seconds; None where the single ratio stays
+    (see the module's docstring)."""
     xs = [x for x, _ in times]
     if len(times) < FIT_MIN_TRIALS or max(xs) < FIT_MIN_SPREAD * min(xs):
         return None
     line = theil_sen_line(times)
     if line is None or line[1] <= 0 or line[0] < 0:
         return None
-    fixed, slope = line
-    return {"fixed": fixed, "slope": slope, "unit": "s per output token" if metric in RECIPROCAL_METRICS else "s",
+    return line
+
+
+def _time_fit(times: list[tuple[float, float, int | None]], per_sequence: bool) -> tuple | None:
+    """(fixed, slope, per_sequence) over (roofline, measured, sequences) seconds: the line, with the cost per
+    sequence where ``per_sequence`` asks and one fits; None where only the ratio is left."""
+    line = _line_in_time([(x, y) for x, y, _ in times])
+    if not per_sequence:
+        return (*line, 0.0) if line else None
+    fixed, slope = line or (0.0, median(y / x for x, y, _ in times))
+    left = [(n, y - fixed - slope * x) for x, y, n in times if n]
+    counts = [n for n, _ in left]
+    if len(left) < FIT_MIN_TRIALS or max(counts) < SEQUENCE_MIN_SPREAD * min(counts):
+        return None
+    term = theil_sen_line(left)
+    if term is None or term[1] <= 0:
+        return None
+    if line:
+        fit = (fixed + term[0], slope, term[1])
+    else:
+        # The roofline is flat: what the term leaves at no sequences is a share of that one roofline, not a fixed
+        # cost of its own (measured = slope x roofline + per_sequence x sequences).
+        fit = (0.0, slope + term[0] / median(x for x, _, _ in times), term[1])
+    return fit if fit[0] >= 0 and fit[1] > 0 else None
+
+
+def _predict_time(fit: tuple, roofline_time: float, sequences: int | None) -> float:
+    fixed, slope, per_sequence = fit
+    return fixed + slope * roofline_time + per_sequence * (sequences or 0)
+
+
+def _left_out_error(times: list[tuple[float, float, int | None]], per_sequence: bool) -> float:
+    """Median + P90 relative error of each trial predicted by the fit of the others (or, where no fit is left, by
+    their ratio): how well a fit of this form predicts a trial it has not seen."""
+    errors = []
+    for index, (x, y, n) in enumerate(times):
+        others = times[:index] + times[index + 1:]
+        fit = _time_fit(others, per_sequence) or (0.0, median(b / a for a, b, _ in others), 0.0)
+        errors.append(abs(_predict_time(fit, x, n) - y) / y)
+    return median(errors) + percentile(errors, TAIL_PERCENTILE)
+
+
+def fit_line(metric: str, points: list[tuple]) -> dict | None:
+    """The line measured = fixed + slope x roofline (+ per_sequence x sequences) over (roofline, measured[,
+    sequences]) ``points`` of ``metric``, in time units; None where the single ratio stays (see the module's
+    docstring)."""
+    times = [(_as_time(metric, point[0]), _as_time(metric, point[1]), point[2] if len(point) > 2 else None)
+             for point in points]
+    fit = _time_fit(times, per_sequence=False)
+    with_sequences = _time_fit(times, per_sequence=True)
+    if with_sequences and len(times) > FIT_MIN_TRIALS and (
+            _left_out_error(times, True) < _left_out_error(times, False)):
+        fit = with_sequences
+    if fit is None:
+        return None
+    fixed, slope, per_sequence = fit
+    line = {"fixed": fixed, "slope": slope, "unit": "s per output token" if metric in RECIPROCAL_METRICS else "s",
             "trials": len(times), "method": LINE_METHOD}
+    if per_sequence:
+        line.update(per_sequence=per_sequence, method=f"{LINE_METHOD} {SEQUENCE_METHOD}")
+    return line
 
 
 def fit_calibration(rows: list[dict], engine: str) -> dict | None:
     """The calibration of ``engine``'s predictions on these rows (one cluster's history): per metric the median of
-    measured / roofline, per time metric the line where one fits, and the number of trials behind it. None when
-    no trial of that engine was measured."""
-    points: dict[str, list[tuple[float, float]]] = {}
+    measured / roofline, per time metric the line (with its cost per sequence) where one fits, and the number of
+    trials behind it. None when no trial of that engine was measured."""
+    points: dict[str, list[tuple]] = {}
     trials = set()
     for row in rows:
         if row["engine"] == engine:
-            points.setdefault(row["metric"], []).append((row["roofline"], row["measured"]))
+            points.setdefault(row["metric"], []).append((row["roofline"], row["measured"], row.get("sequences")))
             trials.add((row.get("source"), row.get("trial")))
     if not points:
         return None
     lines = {metric: fit_line(metric, values) for metric, values in points.items() if metric in LINE_METRICS}
     return {"engine": engine, "trials": len(trials),
-            "ratios": {metric: median(y / x for x, y in values) for metric, values in points.items()},
+            "ratios": {metric: median(y / x for x, y, _ in values) for metric, values in points.items()},
             "lines": {metric: line for metric, line in lines.items() if line},
-            "method": f"per time metric a {LINE_METHOD} where {FIT_MIN_TRIALS}+ trials spread; otherwise, and for "
+            "method": f"per time metric a {LINE_METHOD} where {FIT_MIN_TRIALS}+ trials spread, with a cost per "
+                      "sequence a step carries where it predicts left-out trials closer; otherwise, and for "
                       "memory, the median of measured / roofline over the cluster's trials of this engine"}
 
 
@@ -160,6 +233,9 @@ def check_calibration(value) -> dict:
     for metric, line in lines.items():
         if metric not in LINE_METRICS:
             raise ValueError(f"no calibration line for {metric!r}; lines are fitted for {', '.join(LINE_METRICS)}")
+        per_sequence = line.get("per_sequence", 0) if isinstance(line, dict) else None
+        if per_sequence != 0 and not _positive(per_sequence):
+            raise ValueError(f"calibration line of {metric}: its cost per sequence must be a positive number")
         if not isinstance(line, dict) or not _positive(line.get("slope")) or not (
                 isinstance(line.get("fixed"), int | float) and not isinstance(line.get("fixed"), bool)
                 and line["fixed"] >= 0):
@@ -174,39 +250,45 @@ def describe_fits(calibration: dict) -> list[dict]:
     shown = []
     for metric, ratio in calibration["ratios"].items():
         line = lines.get(metric)
+        per_sequence = f" + {line['per_sequence']:.3g} s × sequences a step carries" if (
+            line and line.get("per_sequence")) else ""
         if line and metric in RECIPROCAL_METRICS:
-            fit = f"1 / ({line['fixed']:.3g} s + {line['slope']:.3g} × the roofline's s per token)"
+            fit = f"1 / ({line['fixed']:.3g} s + {line['slope']:.3g} × the roofline's s per token{per_sequence})"
         elif line:
-            fit = f"{line['fixed']:.3g} s + {line['slope']:.3g} × roofline"
+            fit = f"{line['fixed']:.3g} s + {line['slope']:.3g} × roofline{per_sequence}"
         else:
             fit = f"roofline × {ratio:.3g}"
         shown.append({"metric": metric, "label": METRICS[metric], "ratio": ratio, "line": line, "fit": fit})
     return shown
 
 
-def calibrate_figure(metric: str, roofline, calibration: dict):
-    """One roofline figure as the calibration predicts it: on its line where the metric has one, else x its
-    ratio, else as it is."""
+def calibrate_figure(metric: str, roofline, calibration: dict, sequences: int | None = None):
+    """One roofline figure as the calibration predicts it for a trial whose steps carry ``sequences``: on its line
+    where the metric has one (a line with a cost per sequence needs them), else x its ratio, else as it is."""
     if roofline is None:
         return None
     line = (calibration.get("lines") or {}).get(metric)
-    if line:
-        time = line["fixed"] + line["slope"] * _as_time(metric, roofline)
+    per_sequence = (line or {}).get("per_sequence") or 0.0
+    if line and (not per_sequence or _sequences(sequences)):
+        time = _predict_time((line["fixed"], line["slope"], per_sequence), _as_time(metric, roofline), sequences)
         return _as_time(metric, time)
     ratio = calibration["ratios"].get(metric)
     return roofline * ratio if ratio is not None else roofline
 
 
-def calibrated(roofline: dict, calibration: dict | None) -> tuple[dict, str]:
-    """The prediction for a trial from its roofline figures (``calibrate_figure``), and the sentence saying which
-    it is: the trials behind it, and the fit of each metric."""
+def calibrated(roofline: dict, calibration: dict | None, sequences: int | None = None) -> tuple[dict, str]:
+    """The prediction for a trial whose steps carry ``sequences`` from its roofline figures (``calibrate_figure``),
+    and the sentence saying which it is: the trials behind it, and the fit of each metric."""
     if not calibration:
         return dict(roofline), "roofline from the node's env-check figures, not calibrated (no measured trials of " \
                                "this cluster yet)"
-    figures = {metric: calibrate_figure(metric, value, calibration) for metric, value in roofline.items()}
+    figures = {metric: calibrate_figure(metric, value, calibration, sequences) for metric, value in roofline.items()}
     trials = calibration["trials"]
-    lines = [METRICS[metric] for metric in METRICS if metric in (calibration.get("lines") or {})]
+    fitted = calibration.get("lines") or {}
+    lines = [METRICS[metric] for metric in METRICS if metric in fitted]
+    counted = [METRICS[metric] for metric in METRICS if (fitted.get(metric) or {}).get("per_sequence")]
     ratios = [METRICS[metric] for metric in METRICS if metric in calibration["ratios"] and METRICS[metric] not in lines]
     fits = ([f"fixed cost + slope x roofline for {', '.join(lines)}"] if lines else []) + (
+        [f"a cost per sequence in a step for {', '.join(counted)}"] if counted else []) + (
         [f"median measured / roofline for {', '.join(ratios)}"] if ratios else [])
     return figures, f"calibrated on {trials} trial{'s' if trials != 1 else ''} of this cluster ({'; '.join(fits)})"

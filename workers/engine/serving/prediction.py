@@ -117,7 +117,7 @@ def trial_prediction(models: CostModels, checkpoint: Path, trial: dict, lengths:
     concurrency = min(in_flight, trial["settings"].get("max_num_seqs") or in_flight)
     batched = trial["settings"].get("max_num_batched_tokens") or DEFAULT_BATCHED_TOKENS
     roofline, _ = roofline_figures(cost, lengths, concurrency, batched, flops, bandwidth, in_flight)
-    predicted, basis = calibrated(roofline, calibration)
+    predicted, basis = calibrated(roofline, calibration, concurrency)
     return {"available": True, "roofline": roofline, "predicted": predicted, "basis": basis,
             "calibration": calibration, "precision": precision, "concurrency": concurrency,
             "hardware": {"flops_per_s": flops, "memory_bandwidth_bytes_per_s": bandwidth,

@@ -17,7 +17,8 @@ venv: $(VENV)/.installed
 run: venv
 	$(PY) manage.py up
 
-test: venv
+# scripts/test.sh makes the venv itself, beside the vLLM environment the serving tests use.
+test:
 	scripts/test.sh
 
 # No service at all (no PostgreSQL, Redis, workers, Chromium or vLLM), under 3 minutes on 2 cores: the Django-free

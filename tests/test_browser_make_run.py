@@ -18,7 +18,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.workers, pytest.mark.slow]
 
 
 @pytest.mark.timeout(60 * 60)
-def test_make_run_then_the_demo_model_adapted_from_the_browser_ends_validated_on_vllm(tmp_path, page):  # noqa: F811
+def test_make_run_then_the_demo_model_adapted_from_the_browser_ends_validated_on_vllm(tmp_path, page,  # noqa: F811
+                                                                                      vllm_python):
+    # (vllm_python: scripts/test.sh's .venv-vllm, waited for if it is still being made, which `up` then finds made)
     processes, up, base, env = start_up(tmp_path, D0_LOCAL_ENGINE="on")
     var = tmp_path / "var"
     try:

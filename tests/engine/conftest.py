@@ -9,6 +9,7 @@ module importing Django (or the web app) fails the run instead of passing by acc
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -35,12 +36,30 @@ def pytest_addoption(parser, pluginmanager):
         parser.addini("DJANGO_SETTINGS_MODULE", "the web app's settings, read by pytest-django")
 
 
+# How long a test waits for the vLLM environment scripts/test.sh is making beside the run (pip, from scratch).
+VLLM_ENV_WAIT_S = 30 * 60
+
+
+def _made_vllm_env(pending: Path) -> str:
+    """The interpreter scripts/test.sh's background scripts/vllm-env.sh printed into ``pending``, once it ends."""
+    deadline = time.monotonic() + VLLM_ENV_WAIT_S
+    while not (pending / "rc").exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"scripts/vllm-env.sh did not end within {VLLM_ENV_WAIT_S} s (its log: {pending / 'log'})")
+        time.sleep(1)
+    if (pending / "rc").read_text().strip() != "0":
+        tail = "\n".join((pending / "log").read_text(errors="replace").splitlines()[-20:])
+        pytest.fail(f"scripts/vllm-env.sh failed making the vLLM environment:\n{tail}")
+    return (pending / "python").read_text().strip()
+
+
 @pytest.fixture(scope="session")
 def vllm_python() -> str:
-    """The vLLM environment's interpreter (``.venv-vllm``, made by scripts/vllm-env.sh, which scripts/test.sh runs and
-    names in D0_TEST_VLLM_PYTHON)."""
+    """The vLLM environment's interpreter (``.venv-vllm``, made by scripts/vllm-env.sh: scripts/test.sh makes it
+    beside the run and names its folder in D0_TEST_VLLM_PENDING, or names a ready one in D0_TEST_VLLM_PYTHON)."""
     default = ROOT / ".venv-vllm" / "bin" / "python"
-    python = os.environ.get("D0_TEST_VLLM_PYTHON") or str(default)
+    pending = os.environ.get("D0_TEST_VLLM_PENDING")
+    python = os.environ.get("D0_TEST_VLLM_PYTHON") or (_made_vllm_env(Path(pending)) if pending else str(default))
     if not Path(python).exists():
         if os.environ.get("D0_TEST_VLLM_PYTHON"):
             pytest.fail(f"D0_TEST_VLLM_PYTHON={python} does not exist")

@@ -179,3 +179,36 @@ def test_a_fused_qkv_projection_with_grouped_kv_heads_keeps_its_group_under_the_
     assert model(torch.arange(6).unsqueeze(0)).logits.shape == (1, 6, 512)
     for_tp2 = reduce_for_layout(FALCON_180B, tp=2).config
     assert for_tp2["num_kv_heads"] % 2 == 0 and for_tp2["num_attention_heads"] % for_tp2["num_kv_heads"] == 0
+
+
+@pytest.mark.slow
+def test_a_fused_qkv_release_with_grouped_kv_heads_runs_tp2_split_by_kv_group_and_a_mis_split_is_caught():
+    """Falcon-180B's shape: transformers declares no tensor-parallel plan for it, so d0's own plan splits its fused
+    query_key_value by KV group (tensor_parallel.fused_qkv_plan); each rank holds half the weights, tied embedding
+    and LM head split alike."""
+    from workers.engine.sharding import run_sharded
+
+    run = run_sharded(copy.deepcopy(FALCON_180B), tp=2, decode_steps=4, device="cpu", timeout_s=240)
+    assert run["correct"], run.get("error")
+    assert run["layout"]["tensor_plan"]["colwise"][0] == "transformer.h.*.self_attention.query_key_value"
+    for rank in run["ranks"]:
+        split = rank["split"]
+        assert abs(split["held_params"] - split["ideal_params"]) <= 0.1 * split["ideal_params"], split
+    faulty = run_sharded(copy.deepcopy(FALCON_180B), tp=2, decode_steps=2, device="cpu", timeout_s=240,
+                         fault="corrupt_shard")
+    assert faulty["correct"] is False and faulty["ranks"][1]["corrupted"] == {
+        "tensor": "transformer.h.0.mlp.dense_h_to_4h"}
+
+
+def test_a_fused_qkv_projection_not_grouped_by_kv_head_is_refused_with_the_reason():
+    import torch
+
+    from workers.engine.models import build_random_model
+    from workers.engine.sharding.tensor_parallel import fused_qkv_plan
+
+    seven_b = {**FALCON_180B, "new_decoder_architecture": False, "multi_query": True, "num_kv_heads": None,
+               "hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 1, "vocab_size": 512}
+    model = build_random_model(causal_lm_config(load_config(seven_b)), dtype=torch.float32,
+                               device=torch.device("cpu"))
+    with pytest.raises(ValueError, match="not grouped by KV head .new_decoder_architecture false."):
+        fused_qkv_plan(model, 2)

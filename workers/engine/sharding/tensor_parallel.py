@@ -139,7 +139,7 @@ def _fault_target(plan: dict, targets: dict) -> str:
     """Where ``corrupt_shard`` mis-splits: the MLP column split of the lowest layer this rank holds, else any other
     column split of a layer (attention's). A layout with no column split to corrupt refuses the fault: a fault
     that corrupted nothing would make a correct verdict look like a detection test that passed."""
-    layer = re.compile(r"\.layers\.(\d+)\.")
+    layer = re.compile(r"\.(\d+)\.")  # the first index in a name is its layer's (model.layers.3., transformer.h.3.)
     splits = [name for key, style in plan.items() if style in COLUMN_STYLES for name in targets.get(key, ())
               if layer.search(name)]
     target = min(splits, key=lambda name: (".mlp." not in name, int(layer.search(name).group(1))), default=None)
@@ -197,6 +197,52 @@ def mla_head_plan(model, plan: dict, group_size: int) -> tuple[dict, dict]:
                    "modules": len(keys)} if keys else {}
 
 
+FUSED_QKV_MLP = {"dense_h_to_4h": "colwise", "dense_4h_to_h": "rowwise"}
+
+
+def fused_qkv_plan(model, group_size: int) -> tuple[dict, list]:
+    """A plan for a model transformers gives none (Falcon): its fused ``query_key_value`` column-wise, ``dense``
+    row-wise, the MLP's ``dense_h_to_4h`` / ``dense_4h_to_h`` column- / row-wise; and the attention modules whose head
+    counts are then this rank's. A ValueError names why a model cannot be split.
+
+    With grouped KV heads (Falcon's ``new_decoder_architecture``) the fused rows are KV-group-major: per group its
+    query heads, then its key and its value (``view(..., -1, heads / kv_heads + 2, head_dim)``), so a contiguous
+    split hands each rank whole groups, its queries with their own key and value. The module reads its head counts
+    from its attributes (``num_heads``, ``num_kv_heads``), so they are set to the rank's."""
+    import torch
+
+    name_of = type(model).__name__
+    plan, attention = {}, []
+    for name, module in model.named_modules():
+        if not (isinstance(getattr(module, "query_key_value", None), torch.nn.Linear)
+                and isinstance(getattr(module, "dense", None), torch.nn.Linear)):
+            continue
+        if not getattr(module, "new_decoder_architecture", False):
+            raise ValueError(f"{name_of} declares no tensor-parallel plan, and its fused query_key_value is not "
+                             "grouped by KV head (new_decoder_architecture false): it cannot be split by heads")
+        if getattr(module.config, "alibi", False):
+            raise ValueError(f"{name_of} declares no tensor-parallel plan, and its ALiBi biases are built for every "
+                             "head: it cannot be split by heads")
+        if module.num_kv_heads % group_size:
+            raise ValueError(f"{name_of}: {module.num_kv_heads} KV heads (num_kv_heads) do not split over "
+                             f"{group_size} ranks")
+        key = _LAYER_INDEX.sub(".*.", name, count=1)
+        plan.update({f"{key}.query_key_value": "colwise", f"{key}.dense": "rowwise"})
+        layer = key.rpartition(".")[0]
+        mlp = model.get_submodule(name.rpartition(".")[0]).get_submodule("mlp") if "." in name else None
+        for child, style in FUSED_QKV_MLP.items():
+            if isinstance(getattr(mlp, child, None), torch.nn.Linear):
+                plan[f"{layer}.mlp.{child}"] = style
+        attention.append(module)
+    if not plan:
+        raise ValueError(f"{name_of} declares no tensor-parallel plan")
+    # The vocabulary split as transformers' plans split it: the embedding by rows, the LM head's logits gathered.
+    ends = {id(model.get_input_embeddings()): "embedding_rowwise", id(model.get_output_embeddings()):
+            "colwise_gather_output"}
+    plan.update({name: ends[id(module)] for name, module in model.named_modules() if id(module) in ends})
+    return plan, attention
+
+
 def apply_tensor_parallel(model, group: Group, meter, *, skip_modules: tuple[type, ...] = (),
                           corrupt: bool = False) -> dict:
     """Split ``model`` in place per its tp plan (with MLA split by heads, ``mla_head_plan``); returns what was split
@@ -204,9 +250,9 @@ def apply_tensor_parallel(model, group: Group, meter, *, skip_modules: tuple[typ
 
     ``corrupt`` mis-splits one MLP projection on the group's last rank (see ``split``).
     """
-    plan = dict(model.tp_plan or {})
+    plan, fused = dict(model.tp_plan or {}), []
     if not plan:
-        raise ValueError(f"{type(model).__name__} declares no tensor-parallel plan")
+        plan, fused = fused_qkv_plan(model, group.size)
     mla_entries, mla = mla_head_plan(model, plan, group.size)
     plan.update(mla_entries)
     modules = dict(model.named_modules())
@@ -219,13 +265,24 @@ def apply_tensor_parallel(model, group: Group, meter, *, skip_modules: tuple[typ
         targets[key] = [name for name in names if not (name in modules and isinstance(modules[name], skip_modules))
                         and not name.startswith(skipped_prefixes)]
     fault_target = _fault_target(plan, targets) if corrupt and group.rank == group.size - 1 else None
+    inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = outputs is not None and inputs is not None and outputs.weight is inputs.weight
+    styles = {}
     summary: dict[str, list[str]] = {}
     for key, style in plan.items():
         for name in targets[key]:
             _apply_style(model, modules, name, style, group, meter, misplit=name == fault_target)
+            styles[id(modules.get(name))] = style
         if targets[key]:
             summary.setdefault(style, []).append(key)
-    return {"plan": summary, "corrupted": fault_target, **({"mla": mla} if mla else {})}
+    if tied and (styles.get(id(inputs)), styles.get(id(outputs))) == ("embedding_rowwise", "colwise_gather_output"):
+        outputs.weight = inputs.weight  # both hold this rank's vocabulary rows: tied again, held once
+    for attention in fused:  # this rank's heads, as its share of the fused rows holds them
+        attention.num_heads //= group.size
+        attention.num_kv_heads //= group.size
+    return {"plan": summary, "corrupted": fault_target, **({"mla": mla} if mla else {}),
+            **({"fused_qkv": f"d0's plan for a fused query_key_value, {len(fused)} attention modules split by KV "
+                             "group"} if fused else {})}
 
 
 def _apply_style(model, modules: dict, name: str, style: str, group: Group, meter, *, misplit: bool) -> None:

@@ -727,9 +727,10 @@ def test_what_the_control_plane_stores_of_a_join_token_cannot_join_a_node(stack,
     as_secret = signing.token_proof(token.token_id, token.verify_key, payload)  # the verifier taken for the secret
     for proof in (as_hmac, as_secret, token.verify_key):
         rogue(protocol.REGISTER_NODE, [payload, signature, token.token_id, proof])
-    # Summed: two control processes refusing at once may each start the reason's row.
+    # Summed: two control processes refusing at once may each start the reason's row (and a message delivered
+    # twice, acked late, is refused twice).
     wait_for(lambda: sum(RejectedNodeMessage.objects.filter(reason="join token unknown or its proof is wrong")
-                         .values_list("count", flat=True)) == 3, 30, "the three proofs to be refused")
+                         .values_list("count", flat=True)) >= 3, 30, "the three proofs to be refused")
     assert not Node.objects.filter(hostname="from-a-dump").exists()
     assert JoinToken.objects.get(pk=token.pk).uses == 0
 

@@ -148,7 +148,10 @@ def accepts(url: str, timeout: float = 5.0) -> bool:
     from kombu import Connection
     from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
-    connection = Connection(url, connect_timeout=timeout, transport_options={"socket_timeout": timeout})
+    # One try: kombu's own retries (three, 2 s apart) spent 6 s on every refused user, which a node start asks up to
+    # twice; a broker that is away is retried by the caller (``_retrying``), saying so.
+    connection = Connection(url, connect_timeout=timeout, transport_options={"socket_timeout": timeout,
+                                                                            "max_retries": 0})
     try:
         connection.default_channel.client.ping()
         return True

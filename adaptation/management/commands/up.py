@@ -208,4 +208,11 @@ class Command(BaseCommand):
             try:
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                pass
+            # What is left of its session (a Celery pool or beat process forked while the worker shut down, seen
+            # alive after a test's `up` had ended) goes with it: no worker outlives `up`.
+            try:
                 os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()

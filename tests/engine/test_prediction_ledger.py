@@ -281,3 +281,30 @@ def test_a_calibration_stored_before_the_lines_still_reads_as_ratios():
     figures, basis = ledger.calibrated({"tpot_s": 0.001, "output_tokens_per_s": 1000.0, "ttft_s": 0.01}, old)
     assert figures == {"tpot_s": 0.004, "output_tokens_per_s": 250.0, "ttft_s": 0.01}
     assert basis.startswith("calibrated on 4 trials of this cluster (median measured / roofline for output tok/s")
+
+
+def test_where_no_line_fits_a_power_law_does_if_it_predicts_left_out_trials_closer_than_the_ratio():
+    # measured / roofline grows with the roofline (1 / tok/s = 5 x roofline's ^ 1.2): a line through it would have a
+    # negative fixed cost, so no line; the power law is positive everywhere and follows it.
+    rooflines = [70, 140, 240, 360, 75, 145, 235, 365]
+    history = [{"engine": "vllm", "metric": "output_tokens_per_s", "trial": index, "roofline": roofline,
+                "measured": 1 / (5 * (1 / roofline) ** 1.2)} for index, roofline in enumerate(rooflines)]
+    calibration = ledger.fit_calibration(history, "vllm")
+    assert "output_tokens_per_s" not in calibration["lines"]
+    power = calibration["powers"]["output_tokens_per_s"]
+    assert power["exponent"] == pytest.approx(1.2) and power["scale"] == pytest.approx(5)
+    for roofline in (50, 500):  # beyond the trials on both sides
+        expected = 1 / (5 * (1 / roofline) ** 1.2)
+        assert ledger.calibrate_figure("output_tokens_per_s", roofline, calibration) == pytest.approx(expected)
+    assert ledger.check_calibration(calibration) is calibration
+    assert "a power law of the roofline for output tok/s" in ledger.calibrated({"output_tokens_per_s": 100.0},
+                                                                             calibration)[1]
+    # Measured in proportion to the roofline, with noise: whatever is kept predicts as the ratio does.
+    wobbly = [{**row, "measured": row["roofline"] * 0.4 * (1.05 if index % 2 else 0.95)}
+              for index, row in enumerate(history)]
+    fitted = ledger.fit_calibration(wobbly, "vllm")
+    for roofline in (50, 500):
+        assert ledger.calibrate_figure("output_tokens_per_s", roofline, fitted) == pytest.approx(0.4 * roofline,
+                                                                                                rel=0.02)
+    with pytest.raises(ValueError, match="exponent in"):
+        ledger.check_calibration({**calibration, "powers": {"output_tokens_per_s": {"scale": 1, "exponent": 9}}})

@@ -26,6 +26,10 @@ is fitted per engine and metric on the cluster's trials:
   sequences, and it is kept only where it earns its place: a positive cost per sequence, sequences that spread
   (the most at least ``SEQUENCE_MIN_SPREAD`` x the fewest), and, each calibration trial left out in turn and
   predicted from the others, a smaller median + P90 relative error than without it;
+- where the rooflines spread but no line fits (its fixed cost would be negative: measured / roofline grows with the
+  roofline, as a CPU engine's share of the roofline does with the batch here), a power law, measured = scale x
+  roofline ^ exponent (Theil-Sen in logs; positive for any roofline, so it does not predict a negative time past
+  the trials, as the line would), kept where left-out trials are predicted closer by it than by the ratio;
 - every metric also has the median of measured / roofline (``ratios``): the share of the roofline this node
   reaches, the fallback above, and the whole calibration of memory. A calibration stored with only ratios (before
   the lines) or without the per-sequence term (before it) still reads.
@@ -33,6 +37,7 @@ is fitted per engine and metric on the cluster's trials:
 
 from __future__ import annotations
 
+import math
 from statistics import median
 
 from ..sweep.line_fit import theil_sen_line
@@ -51,6 +56,7 @@ FIT_MIN_SPREAD = 1.2
 SEQUENCE_MIN_SPREAD = 2
 LINE_METHOD = "Theil-Sen line, measured = fixed + slope x roofline"
 SEQUENCE_METHOD = "+ per_sequence x the sequences a step carries, kept where it predicts left-out trials closer"
+POWER_METHOD = "power law, measured = scale x roofline ^ exponent (Theil-Sen in logs)"
 
 
 def measured_figures(metrics: dict | None) -> dict:
@@ -192,6 +198,42 @@ def fit_line(metric: str, points: list[tuple]) -> dict | None:
     return line
 
 
+# A power law's exponent outside these bounds is no calibration of an engine's cost but of its noise.
+POWER_EXPONENTS = (0.25, 4.0)
+
+
+def _power_in_time(times: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """(scale, exponent) of measured = scale x roofline ^ exponent in seconds, fitted as a Theil-Sen line in logs."""
+    xs = [x for x, _ in times]
+    if len(times) < FIT_MIN_TRIALS or max(xs) < FIT_MIN_SPREAD * min(xs):
+        return None
+    line = theil_sen_line([(math.log(x), math.log(y)) for x, y in times])
+    if line is None or not POWER_EXPONENTS[0] <= line[1] <= POWER_EXPONENTS[1]:
+        return None
+    return math.exp(line[0]), line[1]
+
+
+def fit_power(metric: str, points: list[tuple]) -> dict | None:
+    """Where no line fits ``points`` (roofline, measured[, sequences]) of a time metric: the power law, if each
+    trial left out is predicted closer by the others' power law than by their ratio (median + P90)."""
+    times = [(_as_time(metric, point[0]), _as_time(metric, point[1])) for point in points]
+    fitted = _power_in_time(times)
+    if fitted is None or len(times) <= FIT_MIN_TRIALS:
+        return None
+    by_power, by_ratio = [], []
+    for index, (x, y) in enumerate(times):
+        others = times[:index] + times[index + 1:]
+        power = _power_in_time(others)
+        ratio = median(b / a for a, b in others)
+        by_ratio.append(abs(ratio * x - y) / y)
+        by_power.append(abs((power[0] * x ** power[1] if power else ratio * x) - y) / y)
+    if median(by_power) + percentile(by_power, TAIL_PERCENTILE) >= (
+            median(by_ratio) + percentile(by_ratio, TAIL_PERCENTILE)):
+        return None
+    return {"scale": fitted[0], "exponent": fitted[1], "trials": len(times),
+            "unit": "s per output token" if metric in RECIPROCAL_METRICS else "s", "method": POWER_METHOD}
+
+
 def fit_calibration(rows: list[dict], engine: str) -> dict | None:
     """The calibration of ``engine``'s predictions on these rows (one cluster's history): per metric the median of
     measured / roofline, per time metric the line (with its cost per sequence) where one fits, and the number of
@@ -205,11 +247,14 @@ def fit_calibration(rows: list[dict], engine: str) -> dict | None:
     if not points:
         return None
     lines = {metric: fit_line(metric, values) for metric, values in points.items() if metric in LINE_METRICS}
+    powers = {metric: fit_power(metric, points[metric]) for metric, line in lines.items() if not line}
     return {"engine": engine, "trials": len(trials),
             "ratios": {metric: median(y / x for x, y, _ in values) for metric, values in points.items()},
             "lines": {metric: line for metric, line in lines.items() if line},
+            "powers": {metric: power for metric, power in powers.items() if power},
             "method": f"per time metric a {LINE_METHOD} where {FIT_MIN_TRIALS}+ trials spread, with a cost per "
-                      "sequence a step carries where it predicts left-out trials closer; otherwise, and for "
+                      "sequence a step carries where it predicts left-out trials closer; where no line fits, a "
+                      f"{POWER_METHOD} where it predicts left-out trials closer than the ratio; otherwise, and for "
                       "memory, the median of measured / roofline over the cluster's trials of this engine"}
 
 
@@ -240,6 +285,16 @@ def check_calibration(value) -> dict:
                 isinstance(line.get("fixed"), int | float) and not isinstance(line.get("fixed"), bool)
                 and line["fixed"] >= 0):
             raise ValueError(f"calibration line of {metric} needs a positive slope and a fixed cost >= 0")
+    powers = value.get("powers") or {}  # absent from calibrations stored before the power laws
+    if not isinstance(powers, dict):
+        raise ValueError("calibration powers map time metrics to {scale, exponent}")
+    for metric, power in powers.items():
+        if metric not in LINE_METRICS:
+            raise ValueError(f"no calibration power law for {metric!r}; they are fitted for {', '.join(LINE_METRICS)}")
+        if not isinstance(power, dict) or not _positive(power.get("scale")) or not (
+                _positive(power.get("exponent")) and POWER_EXPONENTS[0] <= power["exponent"] <= POWER_EXPONENTS[1]):
+            raise ValueError(f"calibration power law of {metric} needs a positive scale and an exponent in "
+                             f"[{POWER_EXPONENTS[0]}, {POWER_EXPONENTS[1]}]")
     return value
 
 
@@ -247,18 +302,24 @@ def describe_fits(calibration: dict) -> list[dict]:
     """Each metric's fit as the cluster page and the ``ledger`` verb show it: its label, and the fit as a formula
     of the roofline's figure."""
     lines = calibration.get("lines") or {}
+    powers = calibration.get("powers") or {}
     shown = []
     for metric, ratio in calibration["ratios"].items():
-        line = lines.get(metric)
+        line, power = lines.get(metric), powers.get(metric)
         per_sequence = f" + {line['per_sequence']:.3g} s × sequences a step carries" if (
             line and line.get("per_sequence")) else ""
         if line and metric in RECIPROCAL_METRICS:
             fit = f"1 / ({line['fixed']:.3g} s + {line['slope']:.3g} × the roofline's s per token{per_sequence})"
         elif line:
             fit = f"{line['fixed']:.3g} s + {line['slope']:.3g} × roofline{per_sequence}"
+        elif power and metric in RECIPROCAL_METRICS:
+            fit = f"1 / ({power['scale']:.3g} × (the roofline's s per token) ^ {power['exponent']:.3g})"
+        elif power:
+            fit = f"{power['scale']:.3g} × roofline ^ {power['exponent']:.3g}"
         else:
             fit = f"roofline × {ratio:.3g}"
-        shown.append({"metric": metric, "label": METRICS[metric], "ratio": ratio, "line": line, "fit": fit})
+        shown.append({"metric": metric, "label": METRICS[metric], "ratio": ratio, "line": line, "power": power,
+                      "fit": fit})
     return shown
 
 
@@ -272,6 +333,9 @@ def calibrate_figure(metric: str, roofline, calibration: dict, sequences: int | 
     if line and (not per_sequence or _sequences(sequences)):
         time = _predict_time((line["fixed"], line["slope"], per_sequence), _as_time(metric, roofline), sequences)
         return _as_time(metric, time)
+    power = (calibration.get("powers") or {}).get(metric)
+    if power and not line:
+        return _as_time(metric, power["scale"] * _as_time(metric, roofline) ** power["exponent"])
     ratio = calibration["ratios"].get(metric)
     return roofline * ratio if ratio is not None else roofline
 
@@ -287,8 +351,12 @@ def calibrated(roofline: dict, calibration: dict | None, sequences: int | None =
     fitted = calibration.get("lines") or {}
     lines = [METRICS[metric] for metric in METRICS if metric in fitted]
     counted = [METRICS[metric] for metric in METRICS if (fitted.get(metric) or {}).get("per_sequence")]
-    ratios = [METRICS[metric] for metric in METRICS if metric in calibration["ratios"] and METRICS[metric] not in lines]
+    powers = [METRICS[metric] for metric in METRICS if metric in (calibration.get("powers") or {})
+              and METRICS[metric] not in lines]
+    ratios = [METRICS[metric] for metric in METRICS if metric in calibration["ratios"]
+              and METRICS[metric] not in lines + powers]
     fits = ([f"fixed cost + slope x roofline for {', '.join(lines)}"] if lines else []) + (
         [f"a cost per sequence in a step for {', '.join(counted)}"] if counted else []) + (
+        [f"a power law of the roofline for {', '.join(powers)}"] if powers else []) + (
         [f"median measured / roofline for {', '.join(ratios)}"] if ratios else [])
     return figures, f"calibrated on {trials} trial{'s' if trials != 1 else ''} of this cluster ({'; '.join(fits)})"

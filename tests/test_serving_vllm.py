@@ -1,5 +1,6 @@
 """The real engine: vLLM's CPU build (``.venv-vllm``, made by ``scripts/vllm-env.sh``; ``scripts/test.sh`` makes it
-beside the run, the ``vllm_python`` fixture waits for it) serving validation checkpoints, through real Celery workers where a job is involved.
+beside the run, the ``vllm_python`` fixture waits for it) serving validation checkpoints, through real Celery
+workers where a job is involved.
 
 Each engine start costs 40-100 s on a 2-core machine, so the tests start as few as prove the point, with
 ``enforce_eager`` (vLLM's torch.compile warm-up was ~40% of a start): the CI's time goes to d0's behaviour, not to

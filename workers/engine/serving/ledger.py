@@ -126,13 +126,33 @@ def _as_time(metric: str, value: float) -> float:
     return 1 / value if metric in RECIPROCAL_METRICS else value
 
 
-def _line_in_time(times: list[tuple[float, float]]) -> tuple[float, float] | None:
+def _unit(metric: str) -> str:
+    return "s per output token" if metric in RECIPROCAL_METRICS else "s"
+
+
+def _times(metric: str, points: list[tuple]) -> list[tuple[float, float, int | None]]:
+    """(roofline, measured, sequences) ``points`` of ``metric`` with both figures in time units."""
+    return [(_as_time(metric, roofline), _as_time(metric, measured), sequences)
+            for roofline, measured, sequences in points]
+
+
+def _spread(times: list[tuple]) -> bool:
+    """Enough trials, with rooflines far enough apart, for a fit along the roofline (else its slope is noise)."""
+    xs = [x for x, *_ in times]
+    return len(times) >= FIT_MIN_TRIALS and max(xs) >= FIT_MIN_SPREAD * min(xs)
+
+
+def _ratio(times: list[tuple]) -> tuple[float, float, float]:
+    """The single ratio as a fit (fixed, slope, per_sequence): what is left where no other form fits."""
+    return 0.0, median(y / x for x, y, _ in times), 0.0
+
+
+def _line_in_time(times: list[tuple]) -> tuple[float, float] | None:
     """(fixed, slope) of the Theil-Sen line through (roofline, measured) seconds; None where the single ratio stays
     (see the module's docstring)."""
-    xs = [x for x, _ in times]
-    if len(times) < FIT_MIN_TRIALS or max(xs) < FIT_MIN_SPREAD * min(xs):
+    if not _spread(times):
         return None
-    line = theil_sen_line(times)
+    line = theil_sen_line([(x, y) for x, y, _ in times])
     if line is None or line[1] <= 0 or line[0] < 0:
         return None
     return line
@@ -141,10 +161,10 @@ def _line_in_time(times: list[tuple[float, float]]) -> tuple[float, float] | Non
 def _time_fit(times: list[tuple[float, float, int | None]], per_sequence: bool) -> tuple | None:
     """(fixed, slope, per_sequence) over (roofline, measured, sequences) seconds: the line, with the cost per
     sequence where ``per_sequence`` asks and one fits; None where only the ratio is left."""
-    line = _line_in_time([(x, y) for x, y, _ in times])
+    line = _line_in_time(times)
     if not per_sequence:
         return (*line, 0.0) if line else None
-    fixed, slope = line or (0.0, median(y / x for x, y, _ in times))
+    fixed, slope = line or _ratio(times)[:2]
     left = [(n, y - fixed - slope * x) for x, y, n in times if n]
     counts = [n for n, _ in left]
     if len(left) < FIT_MIN_TRIALS or max(counts) < SEQUENCE_MIN_SPREAD * min(counts):
@@ -166,33 +186,37 @@ def _predict_time(fit: tuple, roofline_time: float, sequences: int | None) -> fl
     return fixed + slope * roofline_time + per_sequence * (sequences or 0)
 
 
-def _left_out_error(times: list[tuple[float, float, int | None]], per_sequence: bool) -> float:
-    """Median + P90 relative error of each trial predicted by the fit of the others (or, where no fit is left, by
-    their ratio): how well a fit of this form predicts a trial it has not seen."""
+def _left_out_error(times: list[tuple[float, float, int | None]], predictor) -> float:
+    """Median + P90 relative error of each trial predicted by ``predictor(others)`` (a function of the roofline
+    and the sequences, fitted on the other trials): how well a form predicts a trial it has not seen."""
     errors = []
     for index, (x, y, n) in enumerate(times):
-        others = times[:index] + times[index + 1:]
-        fit = _time_fit(others, per_sequence) or (0.0, median(b / a for a, b, _ in others), 0.0)
-        errors.append(abs(_predict_time(fit, x, n) - y) / y)
+        errors.append(abs(predictor(times[:index] + times[index + 1:])(x, n) - y) / y)
     return median(errors) + percentile(errors, TAIL_PERCENTILE)
 
 
+def _fitted_or_ratio(per_sequence: bool):
+    """A predictor of ``_left_out_error``: the time fit of this form, else the ratio."""
+    def predictor(others):
+        fit = _time_fit(others, per_sequence) or _ratio(others)
+        return lambda x, n: _predict_time(fit, x, n)
+    return predictor
+
+
 def fit_line(metric: str, points: list[tuple]) -> dict | None:
-    """The line measured = fixed + slope x roofline (+ per_sequence x sequences) over (roofline, measured[,
-    sequences]) ``points`` of ``metric``, in time units; None where the single ratio stays (see the module's
+    """The line measured = fixed + slope x roofline (+ per_sequence x sequences) over (roofline, measured,
+    sequences) ``points`` of ``metric``, in time units; None where the single ratio stays (see the module's
     docstring)."""
-    times = [(_as_time(metric, point[0]), _as_time(metric, point[1]), point[2] if len(point) > 2 else None)
-             for point in points]
+    times = _times(metric, points)
     fit = _time_fit(times, per_sequence=False)
     with_sequences = _time_fit(times, per_sequence=True)
     if with_sequences and len(times) > FIT_MIN_TRIALS and (
-            _left_out_error(times, True) < _left_out_error(times, False)):
+            _left_out_error(times, _fitted_or_ratio(True)) < _left_out_error(times, _fitted_or_ratio(False))):
         fit = with_sequences
     if fit is None:
         return None
     fixed, slope, per_sequence = fit
-    line = {"fixed": fixed, "slope": slope, "unit": "s per output token" if metric in RECIPROCAL_METRICS else "s",
-            "trials": len(times), "method": LINE_METHOD}
+    line = {"fixed": fixed, "slope": slope, "unit": _unit(metric), "trials": len(times), "method": LINE_METHOD}
     if per_sequence:
         line.update(per_sequence=per_sequence, method=f"{LINE_METHOD} {SEQUENCE_METHOD}")
     return line
@@ -202,36 +226,37 @@ def fit_line(metric: str, points: list[tuple]) -> dict | None:
 POWER_EXPONENTS = (0.25, 4.0)
 
 
-def _power_in_time(times: list[tuple[float, float]]) -> tuple[float, float] | None:
+def _power_in_time(times: list[tuple]) -> tuple[float, float] | None:
     """(scale, exponent) of measured = scale x roofline ^ exponent in seconds, fitted as a Theil-Sen line in logs."""
-    xs = [x for x, _ in times]
-    if len(times) < FIT_MIN_TRIALS or max(xs) < FIT_MIN_SPREAD * min(xs):
+    if not _spread(times):
         return None
-    line = theil_sen_line([(math.log(x), math.log(y)) for x, y in times])
+    line = theil_sen_line([(math.log(x), math.log(y)) for x, y, _ in times])
     if line is None or not POWER_EXPONENTS[0] <= line[1] <= POWER_EXPONENTS[1]:
         return None
     return math.exp(line[0]), line[1]
 
 
+def _ratio_only(others):
+    """A predictor of ``_left_out_error``: the ratio."""
+    return lambda x, n: _predict_time(_ratio(others), x, n)
+
+
+def _power_or_ratio(others):
+    """A predictor of ``_left_out_error``: the power law, else the ratio."""
+    power = _power_in_time(others)
+    return (lambda x, n: power[0] * x ** power[1]) if power else _ratio_only(others)
+
+
 def fit_power(metric: str, points: list[tuple]) -> dict | None:
-    """Where no line fits ``points`` (roofline, measured[, sequences]) of a time metric: the power law, if each
-    trial left out is predicted closer by the others' power law than by their ratio (median + P90)."""
-    times = [(_as_time(metric, point[0]), _as_time(metric, point[1])) for point in points]
+    """Where no line fits ``points`` (roofline, measured, sequences) of a time metric: the power law, if each trial
+    left out is predicted closer by the others' power law than by their ratio (median + P90)."""
+    times = _times(metric, points)
     fitted = _power_in_time(times)
-    if fitted is None or len(times) <= FIT_MIN_TRIALS:
+    if fitted is None or len(times) <= FIT_MIN_TRIALS or (
+            _left_out_error(times, _power_or_ratio) >= _left_out_error(times, _ratio_only)):
         return None
-    by_power, by_ratio = [], []
-    for index, (x, y) in enumerate(times):
-        others = times[:index] + times[index + 1:]
-        power = _power_in_time(others)
-        ratio = median(b / a for a, b in others)
-        by_ratio.append(abs(ratio * x - y) / y)
-        by_power.append(abs((power[0] * x ** power[1] if power else ratio * x) - y) / y)
-    if median(by_power) + percentile(by_power, TAIL_PERCENTILE) >= (
-            median(by_ratio) + percentile(by_ratio, TAIL_PERCENTILE)):
-        return None
-    return {"scale": fitted[0], "exponent": fitted[1], "trials": len(times),
-            "unit": "s per output token" if metric in RECIPROCAL_METRICS else "s", "method": POWER_METHOD}
+    return {"scale": fitted[0], "exponent": fitted[1], "trials": len(times), "unit": _unit(metric),
+            "method": POWER_METHOD}
 
 
 def fit_calibration(rows: list[dict], engine: str) -> dict | None:

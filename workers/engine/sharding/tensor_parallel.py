@@ -229,7 +229,7 @@ def fused_qkv_plan(model, group_size: int) -> tuple[dict, list]:
         key = _LAYER_INDEX.sub(".*.", name, count=1)
         plan.update({f"{key}.query_key_value": "colwise", f"{key}.dense": "rowwise"})
         layer = key.rpartition(".")[0]
-        mlp = model.get_submodule(name.rpartition(".")[0]).get_submodule("mlp") if "." in name else None
+        mlp = getattr(model.get_submodule(name.rpartition(".")[0]), "mlp", None)
         for child, style in FUSED_QKV_MLP.items():
             if isinstance(getattr(mlp, child, None), torch.nn.Linear):
                 plan[f"{layer}.mlp.{child}"] = style
@@ -272,7 +272,8 @@ def apply_tensor_parallel(model, group: Group, meter, *, skip_modules: tuple[typ
     for key, style in plan.items():
         for name in targets[key]:
             _apply_style(model, modules, name, style, group, meter, misplit=name == fault_target)
-            styles[id(modules.get(name))] = style
+            if name in modules:
+                styles[id(modules[name])] = style
         if targets[key]:
             summary.setdefault(style, []).append(key)
     if tied and (styles.get(id(inputs)), styles.get(id(outputs))) == ("embedding_rowwise", "colwise_gather_output"):
